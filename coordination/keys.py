@@ -1,0 +1,55 @@
+"""Every Redis key and channel name, behind one configurable prefix.
+
+Per-session keys carry the hash tag ``{sid}`` so that all of a session's keys live in one
+Redis Cluster slot and a Lua script may touch them together. The job queue and the session
+index are global keys in other slots: they are never touched from a per-session script.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    prefix: str = "ss"
+
+    def tail(self, sid: str) -> str:
+        """Hash: inc, seq, last, count, nids (see coordination/scripts.py)."""
+        return f"{self.prefix}:{{{sid}}}:tail"
+
+    def ids(self, sid: str) -> str:
+        """Hash: entry id -> "<seq>:<content hash>"."""
+        return f"{self.prefix}:{{{sid}}}:ids"
+
+    def ids_building(self, sid: str, token: str) -> str:
+        """Scratch hash a hydration fills before it is renamed onto ``ids``."""
+        return f"{self.prefix}:{{{sid}}}:ids:building:{token}"
+
+    def changes(self, sid: str) -> str:
+        """Pub/sub channel: one message per committed segment."""
+        return f"{self.prefix}:{{{sid}}}:changes"
+
+    def job_pending(self, sid: str) -> str:
+        """Set while a compaction job for the session is queued (de-duplicates jobs)."""
+        return f"{self.prefix}:{{{sid}}}:job"
+
+    @property
+    def sessions(self) -> str:
+        """Sorted set: session id scored by last update (ms). An index, not the truth."""
+        return f"{self.prefix}:sessions"
+
+    @property
+    def jobs(self) -> str:
+        return f"{self.prefix}:compaction:jobs"
+
+    @property
+    def parked(self) -> str:
+        return f"{self.prefix}:compaction:parked"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}:compaction:workers"
+
+    def session_keys(self, sid: str) -> list[str]:
+        return [self.tail(sid), self.ids(sid), self.job_pending(sid)]

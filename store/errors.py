@@ -1,0 +1,221 @@
+"""Every error the store raises, under one base class.
+
+Foreign exceptions (botocore, redis-py, OSError) are translated into these at exactly one
+boundary each (``store/objects.py`` for object stores, ``coordination/redis.py`` for Redis),
+with ``raise ... from exc`` so that the cause stays visible.
+
+::
+
+    SessionStoreError
+    ├── InvalidInputError                   bad input; nothing was written
+    │   ├── InvalidSessionIdError
+    │   ├── InvalidEntryError               malformed entry, NaN, lone surrogate, cycle, ...
+    │   └── BatchTooLargeError
+    ├── SessionNotFoundError
+    ├── SessionExistsError
+    ├── EntryNotFoundError
+    ├── WriteRefusedError                   the store refused a write that was well formed
+    │   ├── ConflictError                   expected tail did not match (carries the real tail)
+    │   ├── IdCollisionError                same id, different content
+    │   ├── UnknownParentError              parentId is neither in the batch nor in the session
+    │   └── ContentionError                 too many rounds lost to other writers
+    ├── CorruptObjectError                  an object in the bucket is not what the store wrote
+    ├── IndeterminateError                  outcome unknown; re-sending the same batch is safe
+    ├── BackendError
+    │   ├── BackendUnavailableError         transient: timeouts, 5xx, connection refused
+    │   ├── BackendRefusedError             permanent: access denied, no such bucket, ...
+    │   └── ConditionalWritesUnsupportedError
+    └── ObjectStoreError                    the object-store seam's own outcomes
+        ├── ObjectExistsError               put_if_absent found the key taken
+        └── ObjectNotFoundError
+
+A conflict, a collision and an unknown parent are never retried by the store: they are
+answers, not failures. Only ``BackendUnavailableError`` is retried, with one policy
+(``store/retry.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SessionStoreError(Exception):
+    """Base class of every error raised by sessionstore."""
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+
+class InvalidInputError(SessionStoreError, ValueError):
+    """The request was malformed. Nothing was written."""
+
+
+class InvalidSessionIdError(InvalidInputError):
+    """A session id outside ``^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`` or containing ``..``."""
+
+    def __init__(self, session_id: object, reason: str = "") -> None:
+        self.session_id = session_id
+        detail = f": {reason}" if reason else ""
+        super().__init__(f"invalid session id {session_id!r}{detail}")
+
+
+class InvalidEntryError(InvalidInputError):
+    """An entry that the store will not accept (``index`` is its position in the batch)."""
+
+    def __init__(self, message: str, *, index: int | None = None, entry_id: Any = None) -> None:
+        self.index = index
+        self.entry_id = entry_id
+        where = ""
+        if index is not None:
+            where = f"entry {index}"
+            if isinstance(entry_id, str):
+                where += f" (id {entry_id!r})"
+            where += ": "
+        super().__init__(where + message)
+
+
+class BatchTooLargeError(InvalidInputError):
+    """A batch over the configured limit of entries or bytes."""
+
+
+# --- sessions and entries --------------------------------------------------------------------
+
+
+class SessionNotFoundError(SessionStoreError, LookupError):
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(f"session {session_id!r} not found")
+
+
+class SessionExistsError(SessionStoreError):
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(f"session {session_id!r} already exists")
+
+
+class EntryNotFoundError(SessionStoreError, LookupError):
+    def __init__(self, session_id: str, entry_id: str) -> None:
+        self.session_id = session_id
+        self.entry_id = entry_id
+        super().__init__(f"entry {entry_id!r} not found in session {session_id!r}")
+
+
+# --- refused writes --------------------------------------------------------------------------
+
+
+class WriteRefusedError(SessionStoreError):
+    """A well-formed write that the store refused. Nothing was written."""
+
+
+class ConflictError(WriteRefusedError):
+    """The session's tail is not the entry the writer expected.
+
+    ``actual_tail_entry_id`` and ``actual_seq`` describe the tail at the moment of the check.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        expected_tail_entry_id: str | None,
+        actual_tail_entry_id: str | None,
+        actual_seq: int,
+    ) -> None:
+        self.session_id = session_id
+        self.expected_tail_entry_id = expected_tail_entry_id
+        self.actual_tail_entry_id = actual_tail_entry_id
+        self.actual_seq = actual_seq
+        super().__init__(
+            f"session {session_id!r}: expected tail {expected_tail_entry_id!r}, "
+            f"but the tail is {actual_tail_entry_id!r} (seq {actual_seq})"
+        )
+
+
+class IdCollisionError(WriteRefusedError):
+    """An entry id already exists in the session with different content."""
+
+    def __init__(self, session_id: str, entry_id: str, detail: str = "") -> None:
+        self.session_id = session_id
+        self.entry_id = entry_id
+        extra = f" ({detail})" if detail else ""
+        super().__init__(
+            f"session {session_id!r}: entry id {entry_id!r} already exists "
+            f"with different content{extra}"
+        )
+
+
+class UnknownParentError(WriteRefusedError):
+    def __init__(self, session_id: str, entry_id: str, parent_id: str) -> None:
+        self.session_id = session_id
+        self.entry_id = entry_id
+        self.parent_id = parent_id
+        super().__init__(
+            f"session {session_id!r}: entry {entry_id!r} has parentId {parent_id!r}, "
+            "which is neither in the batch nor in the session"
+        )
+
+
+class ContentionError(WriteRefusedError):
+    """The append lost every round to other writers within its retry budget."""
+
+
+# --- storage faults --------------------------------------------------------------------------
+
+
+class CorruptObjectError(SessionStoreError):
+    """An object in the bucket is not something the store wrote: the reader refuses it whole.
+
+    ``line`` is 1-based; 0 means the object as a whole (checksum, missing newline, ...).
+    """
+
+    def __init__(self, key: str, line: int, reason: str) -> None:
+        self.key = key
+        self.line = line
+        self.reason = reason
+        where = f"line {line}" if line else "object"
+        super().__init__(f"corrupt object {key!r}, {where}: {reason}")
+
+
+class IndeterminateError(SessionStoreError):
+    """The outcome of a write is unknown (it may or may not have been committed).
+
+    Re-sending the same batch (same ids, same content) is safe: it is idempotent and returns
+    the original result if the first attempt did land.
+    """
+
+
+class BackendError(SessionStoreError):
+    """A backend (object store or Redis) failed."""
+
+
+class BackendUnavailableError(BackendError):
+    """A transient backend failure: timeout, 5xx, throttling, connection refused."""
+
+
+class BackendRefusedError(BackendError):
+    """A permanent backend failure: access denied, missing bucket, bad credentials."""
+
+
+class ConditionalWritesUnsupportedError(BackendError):
+    """The object store accepted a second create of the same key.
+
+    Such a backend silently ignores ``If-None-Match: *`` and cannot arbitrate races; the store
+    refuses to run on it unless ``allow_unsafe_backend=True`` is given.
+    """
+
+
+class ObjectStoreError(SessionStoreError):
+    """Outcomes of the object-store seam."""
+
+
+class ObjectExistsError(ObjectStoreError):
+    """``put_if_absent`` found the key already taken (HTTP 412)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"object {key!r} already exists")
+
+
+class ObjectNotFoundError(ObjectStoreError, LookupError):
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"object {key!r} not found")

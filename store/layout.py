@@ -1,0 +1,81 @@
+"""Object names. The only place that knows how keys are spelled.
+
+::
+
+    <prefix>sessions/<sid>/header.json                          created once (If-None-Match: *)
+    <prefix>sessions/<sid>/<inc>/seg/<seq:016d>.jsonl           the seq-th committed append batch
+    <prefix>sessions/<sid>/<inc>/manifest/<gen:016d>.json       compaction manifest
+    <prefix>sessions/<sid>/<inc>/base/<unique>.jsonl            compacted base
+
+``inc`` is the session's incarnation: a random id minted when the header is created. A session
+that is deleted and created again under the same id gets a new incarnation and so a fresh,
+empty namespace. A writer that still holds the old header can only ever write below the old
+incarnation, where nobody reads: it can never leave a segment inside the new session (see
+docs/design.md, "Incarnations").
+"""
+
+from __future__ import annotations
+
+import re
+
+from store.errors import InvalidSessionIdError
+
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SEQ_WIDTH = 16
+
+
+def check_session_id(session_id: object) -> str:
+    if not isinstance(session_id, str):
+        raise InvalidSessionIdError(session_id, "not a string")
+    if not SESSION_ID_RE.match(session_id):
+        raise InvalidSessionIdError(
+            session_id, "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+        )
+    if ".." in session_id:
+        raise InvalidSessionIdError(session_id, "must not contain '..'")
+    return session_id
+
+
+class Layout:
+    def __init__(self, prefix: str = "") -> None:
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        self.prefix = prefix
+
+    @property
+    def sessions_prefix(self) -> str:
+        return f"{self.prefix}sessions/"
+
+    def session_prefix(self, sid: str) -> str:
+        return f"{self.prefix}sessions/{sid}/"
+
+    def header(self, sid: str) -> str:
+        return f"{self.prefix}sessions/{sid}/header.json"
+
+    def incarnation_prefix(self, sid: str, inc: str) -> str:
+        return f"{self.prefix}sessions/{sid}/{inc}/"
+
+    def segment_prefix(self, sid: str, inc: str) -> str:
+        return f"{self.prefix}sessions/{sid}/{inc}/seg/"
+
+    def segment(self, sid: str, inc: str, seq: int) -> str:
+        return f"{self.prefix}sessions/{sid}/{inc}/seg/{seq:0{SEQ_WIDTH}d}.jsonl"
+
+    def manifest_prefix(self, sid: str, inc: str) -> str:
+        return f"{self.prefix}sessions/{sid}/{inc}/manifest/"
+
+    def manifest(self, sid: str, inc: str, gen: int) -> str:
+        return f"{self.prefix}sessions/{sid}/{inc}/manifest/{gen:0{SEQ_WIDTH}d}.json"
+
+    def base(self, sid: str, inc: str, unique: str) -> str:
+        return f"{self.prefix}sessions/{sid}/{inc}/base/{unique}.jsonl"
+
+    @property
+    def probe_prefix(self) -> str:
+        return f"{self.prefix}_probe/"
+
+    @staticmethod
+    def seq_of(key: str) -> int:
+        """The number in a segment or manifest key."""
+        name = key.rsplit("/", 1)[-1]
+        return int(name.split(".", 1)[0])

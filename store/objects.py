@@ -1,0 +1,643 @@
+"""The object-store seam: one small ABC and three implementations.
+
+Every state change the store makes is ``put_if_absent``: create object N+1 if it does not
+exist. Nothing is ever overwritten, so that one primitive arbitrates every race. ``delete``
+exists only for garbage collection and ``delete_session``.
+
+Implementations:
+
+- ``MemoryObjectStore``: a dict behind a lock; the reference implementation.
+- ``FileObjectStore``: a directory; create-if-absent is ``link(2)`` of a fully written,
+  fsynced temporary file, which the kernel refuses atomically when the name is taken.
+- ``S3ObjectStore``: boto3 with ``If-None-Match: *``.
+
+Foreign exceptions are translated here, and only here, into ``store.errors``.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+from urllib.parse import parse_qs, unquote, urlparse
+
+import orjson
+
+from store.errors import (
+    BackendRefusedError,
+    BackendUnavailableError,
+    ConditionalWritesUnsupportedError,
+    InvalidInputError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
+
+# Keys are '/'-separated; every component must match this, which keeps them safe as file
+# names and as S3 keys alike (no '..', no empty component, no leading '/').
+_KEY_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._=-]{0,254}$")
+
+
+def check_key(key: str) -> str:
+    parts = key.split("/")
+    for part in parts:
+        if not _KEY_COMPONENT.match(part) or ".." in part:
+            raise InvalidInputError(f"unsafe object key {key!r}")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    key: str
+    data: bytes
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class ObjectStore(ABC):
+    """A flat namespace of immutable objects.
+
+    Contract for implementers:
+
+    - ``put_if_absent`` must be atomic with respect to every other ``put_if_absent`` of the
+      same key, across processes and machines: exactly one caller wins, every other one gets
+      ``ObjectExistsError``. A reader must never see a partially written object.
+    - A ``put_if_absent`` whose outcome is unknown (timeout, connection lost after sending)
+      raises ``BackendUnavailableError``. The caller retries; a retry that then answers
+      ``ObjectExistsError`` may be its own earlier attempt, which is why callers put a nonce
+      in the metadata and read it back.
+    - ``list`` returns keys in lexicographic order and pages internally: it is correct past
+      1,000 keys.
+    - ``delete`` of a missing key is not an error.
+    """
+
+    #: True when put_if_absent is arbitrated by the backend itself.
+    atomic_create: bool = True
+
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+
+    def _count(self, op: str) -> None:
+        with self._count_lock:
+            self.requests[op] += 1
+
+    @abstractmethod
+    def put_if_absent(
+        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> None: ...
+
+    @abstractmethod
+    def get(self, key: str) -> StoredObject: ...
+
+    @abstractmethod
+    def head(self, key: str) -> ObjectInfo | None: ...
+
+    @abstractmethod
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]: ...
+
+    @abstractmethod
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        """The distinct next path components below ``prefix`` (which ends with '/')."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None: ...
+
+    def delete_many(self, keys: list[str]) -> None:
+        for key in keys:
+            self.delete(key)
+
+    def close(self) -> None:
+        pass
+
+    def probe_conditional_writes(self, prefix: str) -> None:
+        """Refuse a backend that silently ignores If-None-Match (some emulators do)."""
+        key = f"{prefix}probe/{uuid.uuid4().hex}"
+        self.put_if_absent(key, b"1")
+        try:
+            try:
+                self.put_if_absent(key, b"2")
+            except ObjectExistsError:
+                return
+            raise ConditionalWritesUnsupportedError(
+                f"{type(self).__name__} accepted a second create of {key!r}: it ignores "
+                "If-None-Match and cannot arbitrate concurrent writers. Use a backend with "
+                "conditional writes (AWS S3, MinIO RELEASE.2025-09-07 or later, R2, Ceph RGW) "
+                "or pass allow_unsafe_backend=True if you accept lost writes."
+            )
+        finally:
+            self.delete(key)
+
+
+# --- in memory -------------------------------------------------------------------------------
+
+
+class MemoryObjectStore(ObjectStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self._objects: dict[str, StoredObject] = {}
+        self._lock = threading.Lock()
+
+    def put_if_absent(
+        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        check_key(key)
+        self._count("put")
+        with self._lock:
+            if key in self._objects:
+                raise ObjectExistsError(key)
+            self._objects[key] = StoredObject(key, bytes(data), dict(metadata or {}))
+
+    def get(self, key: str) -> StoredObject:
+        self._count("get")
+        with self._lock:
+            obj = self._objects.get(key)
+        if obj is None:
+            raise ObjectNotFoundError(key)
+        return obj
+
+    def head(self, key: str) -> ObjectInfo | None:
+        self._count("head")
+        with self._lock:
+            obj = self._objects.get(key)
+        return None if obj is None else ObjectInfo(key, len(obj.data))
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        self._count("list")
+        with self._lock:
+            keys = sorted(k for k in self._objects if k.startswith(prefix))
+            infos = [ObjectInfo(k, len(self._objects[k].data)) for k in keys]
+        for info in infos:
+            if start_after is None or info.key > start_after:
+                yield info
+
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        self._count("list")
+        with self._lock:
+            names = {k[len(prefix) :].split("/", 1)[0] for k in self._objects if k.startswith(prefix)}
+        yield from sorted(n for n in names if n)
+
+    def delete(self, key: str) -> None:
+        self._count("delete")
+        with self._lock:
+            self._objects.pop(key, None)
+
+
+# --- local directory -------------------------------------------------------------------------
+
+# A file object is an envelope: magic line, metadata as one JSON line, then the bytes. Metadata
+# must live in the same file as the data, or create-if-absent would not be atomic.
+_FILE_MAGIC = b"SSOBJ1\n"
+
+
+class FileObjectStore(ObjectStore):
+    """Objects as files below ``root``.
+
+    ``put_if_absent`` writes a temporary file, fsyncs it, then ``os.link``s it to its name:
+    link(2) fails with EEXIST when the name is taken, atomically, across processes. A crash
+    leaves at most a stray temporary file, never a partial object. Keys are checked
+    component by component, and every resolved path must stay below the root, so neither
+    ``..`` nor a symlink planted inside the tree can make the store write outside it.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        super().__init__()
+        self.root = Path(root).absolute()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._real_root = self.root.resolve()
+        self._tmp = self.root / ".tmp"
+        self._tmp.mkdir(exist_ok=True)
+        self._fsync = fsync
+
+    def _path(self, key: str) -> Path:
+        check_key(key)
+        path = self.root / key
+        parent = path.parent.resolve()
+        if parent != self._real_root and self._real_root not in parent.parents:
+            raise InvalidInputError(f"object key {key!r} escapes the store's root")
+        if path.is_symlink():
+            raise InvalidInputError(f"object key {key!r} is a symlink")
+        return path
+
+    def put_if_absent(
+        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        path = self._path(key)
+        self._count("put")
+        tmp = self._tmp / f"{uuid.uuid4().hex}.tmp"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(_FILE_MAGIC)
+                    fh.write(orjson.dumps(dict(metadata or {})))
+                    fh.write(b"\n")
+                    fh.write(data)
+                    fh.flush()
+                    if self._fsync:
+                        os.fsync(fh.fileno())
+                os.link(tmp, path)
+            except FileExistsError:
+                raise ObjectExistsError(key) from None
+            if self._fsync:
+                _fsync_dir(path.parent)
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+
+    def get(self, key: str) -> StoredObject:
+        path = self._path(key)
+        self._count("get")
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            raise ObjectNotFoundError(key) from None
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+        return _unwrap(key, raw)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        self._count("head")
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(len(_FILE_MAGIC))
+                meta = fh.readline()
+                total = os.fstat(fh.fileno()).st_size
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+        if head != _FILE_MAGIC:
+            return ObjectInfo(key, total)
+        return ObjectInfo(key, total - len(head) - len(meta))
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        self._count("list")
+        base, _, _ = prefix.rpartition("/")
+        start = self.root / base if base else self.root
+        if base:
+            check_key(base)
+        if not start.is_dir():
+            return
+        found: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(start):
+            rel_dir = os.path.relpath(dirpath, self.root)
+            # Dot-directories are the store's own (temporary files, the embedded Redis).
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for name in filenames:
+                key = name if rel_dir == "." else f"{rel_dir.replace(os.sep, '/')}/{name}"
+                if key.startswith(prefix):
+                    found.append(key)
+        for key in sorted(found):
+            if start_after is not None and key <= start_after:
+                continue
+            info = self.head(key)
+            if info is not None:
+                yield info
+
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        self._count("list")
+        base = prefix.rstrip("/")
+        if base:
+            check_key(base)
+        start = self.root / base if base else self.root
+        try:
+            names = sorted(e.name for e in os.scandir(start) if e.is_dir(follow_symlinks=False))
+        except FileNotFoundError:
+            return
+        yield from (n for n in names if not n.startswith("."))
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        self._count("delete")
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+        # Empty directories are pruned so a deleted session leaves nothing behind; a
+        # concurrent writer that loses the race simply recreates its directory.
+        parent = path.parent
+        while parent != self.root:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+
+def _unwrap(key: str, raw: bytes) -> StoredObject:
+    if not raw.startswith(_FILE_MAGIC):
+        # A file dropped into the tree by hand: no metadata.
+        return StoredObject(key, raw, {})
+    nl = raw.find(b"\n", len(_FILE_MAGIC))
+    try:
+        meta = orjson.loads(raw[len(_FILE_MAGIC) : nl]) if nl > 0 else {}
+    except orjson.JSONDecodeError:
+        meta = {}
+    return StoredObject(key, raw[nl + 1 :], meta if isinstance(meta, dict) else {})
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _os_error(exc: OSError, key: str) -> Exception:
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.ELOOP):
+        return BackendRefusedError(f"object {key!r}: {exc}")
+    return BackendUnavailableError(f"object {key!r}: {exc}")
+
+
+# --- S3 --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class S3Config:
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str | None = None
+    addressing_style: str = "path"
+    connect_timeout: float = 3.0
+    read_timeout: float = 10.0
+    max_pool_connections: int = 32
+    #: Attempts botocore makes on its own. The store retries with its own policy; botocore's
+    #: hidden retries would only hide ambiguity, so one attempt is the default.
+    botocore_attempts: int = 1
+    sse: str | None = None
+    sse_kms_key_id: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+
+
+def parse_s3_url(url: str) -> S3Config:
+    """``s3://bucket/prefix?endpoint=http://localhost:9000&region=us-east-1``."""
+    parsed = urlparse(url)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise InvalidInputError(f"not an s3:// URL with a bucket: {url!r}")
+    q = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+    prefix = unquote(parsed.path).strip("/")
+    kwargs: dict[str, Any] = {}
+    if "endpoint" in q:
+        kwargs["endpoint_url"] = q["endpoint"]
+    if "region" in q:
+        kwargs["region"] = q["region"]
+    if "addressing" in q:
+        kwargs["addressing_style"] = q["addressing"]
+    for name in ("connect_timeout", "read_timeout"):
+        if name in q:
+            kwargs[name] = float(q[name])
+    if "sse" in q:
+        kwargs["sse"] = q["sse"]
+    if "sse_kms_key_id" in q:
+        kwargs["sse_kms_key_id"] = q["sse_kms_key_id"]
+    return S3Config(bucket=parsed.netloc, prefix=prefix, **kwargs)
+
+
+class S3ObjectStore(ObjectStore):
+    def __init__(self, config: S3Config, *, client: Any = None) -> None:
+        super().__init__()
+        import boto3
+        from botocore.config import Config
+
+        self.config = config
+        if client is None:
+            botocore_config = Config(
+                connect_timeout=config.connect_timeout,
+                read_timeout=config.read_timeout,
+                retries={"total_max_attempts": config.botocore_attempts, "mode": "standard"},
+                s3={"addressing_style": config.addressing_style},
+                max_pool_connections=config.max_pool_connections,
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            )
+            session = boto3.session.Session()
+            client = session.client(
+                "s3",
+                endpoint_url=config.endpoint_url,
+                region_name=config.region or os.environ.get("AWS_REGION") or "us-east-1",
+                config=botocore_config,
+                aws_access_key_id=config.access_key_id,
+                aws_secret_access_key=config.secret_access_key,
+            )
+        self.client = client
+        self.bucket = config.bucket
+
+    def _sse_args(self) -> dict[str, str]:
+        args: dict[str, str] = {}
+        if self.config.sse:
+            args["ServerSideEncryption"] = self.config.sse
+        if self.config.sse_kms_key_id:
+            args["SSEKMSKeyId"] = self.config.sse_kms_key_id
+        return args
+
+    def put_if_absent(
+        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        check_key(key)
+        self._count("put")
+        try:
+            self.client.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=data,
+                IfNoneMatch="*",
+                Metadata=dict(metadata or {}),
+                ContentType="application/x-ndjson",
+                **self._sse_args(),
+            )
+        except Exception as exc:
+            raise _s3_error(exc, key, writing=True) from exc
+
+    def get(self, key: str) -> StoredObject:
+        self._count("get")
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key)
+            data = resp["Body"].read()
+        except Exception as exc:
+            raise _s3_error(exc, key) from exc
+        return StoredObject(key, data, resp.get("Metadata") or {})
+
+    def head(self, key: str) -> ObjectInfo | None:
+        self._count("head")
+        try:
+            resp = self.client.head_object(Bucket=self.bucket, Key=key)
+        except Exception as exc:
+            err = _s3_error(exc, key)
+            if isinstance(err, ObjectNotFoundError):
+                return None
+            raise err from exc
+        return ObjectInfo(key, int(resp.get("ContentLength", 0)))
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        token: str | None = None
+        while True:
+            args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+            if token:
+                args["ContinuationToken"] = token
+            elif start_after:
+                args["StartAfter"] = start_after
+            self._count("list")
+            try:
+                resp = self.client.list_objects_v2(**args)
+            except Exception as exc:
+                raise _s3_error(exc, prefix) from exc
+            for item in resp.get("Contents", []):
+                yield ObjectInfo(item["Key"], int(item.get("Size", 0)))
+            if not resp.get("IsTruncated"):
+                return
+            token = resp.get("NextContinuationToken")
+            if not token:
+                return
+
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        token: str | None = None
+        while True:
+            args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
+            if token:
+                args["ContinuationToken"] = token
+            self._count("list")
+            try:
+                resp = self.client.list_objects_v2(**args)
+            except Exception as exc:
+                raise _s3_error(exc, prefix) from exc
+            for item in resp.get("CommonPrefixes", []):
+                yield item["Prefix"][len(prefix) :].rstrip("/")
+            if not resp.get("IsTruncated"):
+                return
+            token = resp.get("NextContinuationToken")
+            if not token:
+                return
+
+    def delete(self, key: str) -> None:
+        self._count("delete")
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+        except Exception as exc:
+            err = _s3_error(exc, key)
+            if isinstance(err, ObjectNotFoundError):
+                return
+            raise err from exc
+
+    def delete_many(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            chunk = keys[i : i + 1000]
+            self._count("delete")
+            try:
+                resp = self.client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True},
+                )
+            except Exception as exc:
+                raise _s3_error(exc, chunk[0]) from exc
+            errors = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            if errors:
+                raise BackendUnavailableError(f"delete_objects failed for {errors[:3]!r}")
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except Exception:
+            pass
+
+
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "Throttling",
+    "ThrottlingException",
+    "OperationAborted",
+    "ConditionalRequestConflict",
+}
+
+
+def _s3_error(exc: Exception, key: str, *, writing: bool = False) -> Exception:
+    """Translate a botocore failure. 404 is 'not found', never 'access denied'."""
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectionError as BotoConnectionError,
+        HTTPClientError,
+    )
+
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if status == 412 or code == "PreconditionFailed":
+            return ObjectExistsError(key)
+        if status == 404 and code in ("NoSuchKey", "404", "NotFound", ""):
+            return ObjectNotFoundError(key)
+        if code == "NoSuchBucket":
+            return BackendRefusedError(f"bucket does not exist (object {key!r}): {exc}")
+        # 409 on a conditional write means a concurrent conditional request was in flight:
+        # the outcome of ours is unknown, so it is retried like a timeout.
+        if status in (409, 429) or status >= 500 or code in _TRANSIENT_CODES:
+            return BackendUnavailableError(f"S3 {code or status} on {key!r}: {exc}")
+        return BackendRefusedError(f"S3 {code or status} on {key!r}: {exc}")
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, BotoCoreError, OSError)):
+        return BackendUnavailableError(f"S3 request for {key!r} failed: {exc}")
+    return exc
+
+
+def content_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def object_store_from_url(url: str, **options: Any) -> ObjectStore:
+    """``memory://``, ``file:///path`` or ``s3://bucket/prefix?endpoint=...``."""
+    parsed = urlparse(url)
+    if parsed.scheme == "memory":
+        return MemoryObjectStore()
+    if parsed.scheme == "file":
+        path = unquote(parsed.path)
+        if parsed.netloc and parsed.netloc != "localhost":
+            path = parsed.netloc + path
+        if not path:
+            raise InvalidInputError(f"file:// URL without a path: {url!r}")
+        return FileObjectStore(path, fsync=options.get("fsync", True))
+    if parsed.scheme == "s3":
+        return S3ObjectStore(parse_s3_url(url))
+    raise InvalidInputError(f"unsupported object store URL {url!r} (memory://, file://, s3://)")
+
+
+def s3_prefix_of(url: str) -> str:
+    """The key prefix an s3:// URL names ('' for other schemes), with a trailing '/'."""
+    parsed = urlparse(url)
+    if parsed.scheme != "s3":
+        return ""
+    prefix = unquote(parsed.path).strip("/")
+    return f"{prefix}/" if prefix else ""

@@ -1,0 +1,125 @@
+"""Value types of the public API and of the stored header and manifest objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from store.entries import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_BATCH_ENTRIES
+from store.retry import DEFAULT_RETRY, RetryPolicy
+
+#: Pass as ``expected_tail_entry_id`` to require that the session has no entry yet.
+EMPTY_TAIL = ""
+
+HEADER_SCHEMA = 1
+MANIFEST_SCHEMA = 1
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    session_id: str
+    #: The segment the batch was committed as.
+    seq: int
+    last_appended_entry_id: str
+    appended_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class TailInfo:
+    session_id: str
+    #: Last committed segment (0 for a new session).
+    seq: int
+    #: Id of the last entry committed ("" when the session has none; a fork's fork point
+    #: until it has its own entries).
+    last_entry_id: str
+    #: Entries readable in the session, a fork's inherited path included.
+    entry_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPoint:
+    session_id: str
+    incarnation: str
+    entry_id: str
+    #: The source's segment holding ``entry_id`` when the fork was made (0 if compacted).
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """What ``header.json`` holds. Immutable for the life of an incarnation."""
+
+    session_id: str
+    #: Random id minted at creation; names the key space of this life of the session.
+    incarnation: str
+    created_at_ms: int
+    #: pi's session header verbatim (``type: "session"``, version, id, timestamp, cwd, ...).
+    pi_header: dict[str, Any]
+    fork: ForkPoint | None = None
+    schema: int = HEADER_SCHEMA
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "session_id": self.session_id,
+            "incarnation": self.incarnation,
+            "created_at_ms": self.created_at_ms,
+            "fork": None
+            if self.fork is None
+            else {
+                "session_id": self.fork.session_id,
+                "incarnation": self.fork.incarnation,
+                "entry_id": self.fork.entry_id,
+                "seq": self.fork.seq,
+            },
+            "pi_header": self.pi_header,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Header":
+        fork = data.get("fork")
+        return cls(
+            session_id=data["session_id"],
+            incarnation=data["incarnation"],
+            created_at_ms=int(data["created_at_ms"]),
+            pi_header=data["pi_header"],
+            fork=None
+            if not fork
+            else ForkPoint(fork["session_id"], fork["incarnation"], fork["entry_id"], int(fork["seq"])),
+            schema=int(data.get("schema", 1)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session_id: str
+    created_at_ms: int
+    cwd: str | None
+    fork_of: str | None
+    #: From the coordinator's index when available (None when Redis does not know).
+    updated_at_ms: int | None = None
+
+
+FaultHook = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """Every tunable of a ``SessionStore``; built once, never mutated."""
+
+    redis_prefix: str = "ss"
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    max_batch_entries: int = DEFAULT_MAX_BATCH_ENTRIES
+    #: Rounds an append may lose to other writers before ContentionError.
+    max_rounds: int = 200
+    retry: RetryPolicy = DEFAULT_RETRY
+    #: Parallel GETs when loading a session.
+    read_concurrency: int = 16
+    #: Queue a compaction job once this many segments (or bytes) follow the last manifest.
+    compact_after_segments: int = 64
+    compact_after_bytes: int = 8 * 1024 * 1024
+    #: Skip the start-up check that the backend refuses a second create (unsafe).
+    allow_unsafe_backend: bool = False
+    redis_socket_timeout: float = 2.0
+    #: Called at named points of the protocols (tests inject crashes and faults here).
+    fault_hook: FaultHook | None = field(default=None, compare=False)

@@ -1,0 +1,42 @@
+"""The one retry policy for transient backend failures.
+
+Only ``BackendUnavailableError`` is retried. A conflict, a collision or an unknown parent is an
+answer, never a failure, and is never retried here. The policy is composed once (attempts OR
+elapsed time, jittered exponential waits) and shared by the object stores and the
+coordinator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+import tenacity
+
+from store.errors import BackendUnavailableError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    attempts: int = 6
+    max_elapsed: float = 20.0
+    initial_wait: float = 0.05
+    max_wait: float = 2.0
+
+    def retrying(self) -> tenacity.Retrying:
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(BackendUnavailableError),
+            stop=tenacity.stop_after_attempt(self.attempts)
+            | tenacity.stop_after_delay(self.max_elapsed),
+            wait=tenacity.wait_random_exponential(multiplier=self.initial_wait, max=self.max_wait),
+            reraise=True,
+        )
+
+    def call(self, fn: Callable[[], T]) -> T:
+        return self.retrying()(fn)
+
+
+DEFAULT_RETRY = RetryPolicy()
+NO_RETRY = RetryPolicy(attempts=1)
