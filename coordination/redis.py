@@ -215,6 +215,16 @@ class Coordinator:
         ids: Iterable[tuple[str, int, str]],
     ) -> str:
         """Install state rebuilt from the object store (``ids``: (id, seq, hash))."""
+        items = list(ids)
+        for _ in range(3):
+            code = self._install_once(sid, inc, seq=seq, last=last, count=count, ids=items)
+            if code != "LOST":
+                return code
+        raise BackendUnavailableError(f"Redis kept losing the rebuilt state of session {sid!r}")
+
+    def _install_once(
+        self, sid: str, inc: str, *, seq: int, last: str, count: int, ids: list[tuple[str, int, str]]
+    ) -> str:
         scratch = self.keys.ids_building(sid, uuid.uuid4().hex)
         nids = 0
         pipe_items: list[Any] = []

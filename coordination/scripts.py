@@ -131,12 +131,17 @@ INSTALL = """
 -- ARGV[1] inc, ARGV[2] seq, ARGV[3] last, ARGV[4] count, ARGV[5] nids
 -- Keeps a current state instead (same incarnation, seq at least as far, index whole):
 -- a concurrent writer may have committed past what this rebuild saw.
--- Returns {'INSTALLED', seq} | {'KEPT', seq}
+-- Returns {'INSTALLED', seq} | {'KEPT', seq} | {'LOST'} (the scratch hash vanished, e.g. a
+--   FLUSHALL while it was being filled: build it again)
 local t = redis.call('HMGET', KEYS[1], 'inc', 'seq', 'nids')
 if t[1] == ARGV[1] and tonumber(t[2]) >= tonumber(ARGV[2])
    and redis.call('HLEN', KEYS[2]) == tonumber(t[3]) then
   redis.call('DEL', KEYS[3])
   return {'KEPT', tonumber(t[2])}
+end
+if redis.call('HLEN', KEYS[3]) ~= tonumber(ARGV[5]) then
+  redis.call('DEL', KEYS[3])
+  return {'LOST'}
 end
 if tonumber(ARGV[5]) > 0 then
   redis.call('RENAME', KEYS[3], KEYS[2])

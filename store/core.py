@@ -516,8 +516,11 @@ class SessionStore:
     def get_tail(self, session_id: str) -> TailInfo:
         """The true tail: Redis's view, rolled forward over segments it has not heard of."""
         sid = check_session_id(session_id)
-        header = self._read_header(sid)
+        header = self._header(sid)
         state = self._tail_state(sid, header)
+        if state is not None and state.inc != header.incarnation:
+            header = self._read_header(sid)
+            state = self._tail_state(sid, header)
         if state is None:
             return self._tail_from_objects(sid, header)
         key = self.layout.segment(sid, header.incarnation, state.seq + 1)
@@ -533,6 +536,11 @@ class SessionStore:
             state = self.coord.tail(sid)
         except BackendError:
             return None
+        if state is not None and state.inc != header.incarnation:
+            fresh = self._read_header(sid)
+            if fresh.incarnation == state.inc:
+                return state  # our cached header was the stale one
+            header = fresh
         if state is None or state.inc != header.incarnation:
             try:
                 return self.hydrate(sid, header)

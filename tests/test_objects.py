@@ -1,0 +1,266 @@
+"""One contract for every ObjectStore; each backend's test class subclasses it.
+
+The S3 class runs against the S3 server over real HTTP (moto's ThreadedMotoServer, or MinIO
+when SESSIONSTORE_TEST_S3_URL is set).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import pytest
+
+from store.errors import (
+    ConditionalWritesUnsupportedError,
+    InvalidInputError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
+from store.objects import (
+    FileObjectStore,
+    MemoryObjectStore,
+    ObjectStore,
+    S3ObjectStore,
+    parse_s3_url,
+    s3_prefix_of,
+)
+
+
+class ObjectStoreContract:
+    """Behaviour every backend must have. Subclasses provide the ``objects`` fixture and
+    ``prefix`` (a fresh key prefix for the test)."""
+
+    @pytest.fixture
+    def objects(self) -> Iterator[ObjectStore]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @pytest.fixture
+    def prefix(self) -> str:
+        return ""
+
+    def test_put_then_get_returns_bytes_and_metadata(self, objects: ObjectStore, prefix: str) -> None:
+        key = f"{prefix}a/b/c.jsonl"
+        objects.put_if_absent(key, b'{"x":1}\n', {"nonce": "n1", "sha256": "abc"})
+        obj = objects.get(key)
+        assert obj.data == b'{"x":1}\n'
+        assert obj.metadata["nonce"] == "n1"
+        assert obj.metadata["sha256"] == "abc"
+
+    def test_second_create_is_refused_and_first_kept(self, objects: ObjectStore, prefix: str) -> None:
+        key = f"{prefix}seg/0001.jsonl"
+        objects.put_if_absent(key, b"first\n", {"nonce": "a"})
+        with pytest.raises(ObjectExistsError):
+            objects.put_if_absent(key, b"second\n", {"nonce": "b"})
+        obj = objects.get(key)
+        assert obj.data == b"first\n"
+        assert obj.metadata["nonce"] == "a"
+
+    def test_missing_object_is_not_found(self, objects: ObjectStore, prefix: str) -> None:
+        with pytest.raises(ObjectNotFoundError):
+            objects.get(f"{prefix}nope.json")
+        assert objects.head(f"{prefix}nope.json") is None
+
+    def test_head_gives_size_of_data(self, objects: ObjectStore, prefix: str) -> None:
+        objects.put_if_absent(f"{prefix}h.bin", b"12345", {"nonce": "x"})
+        info = objects.head(f"{prefix}h.bin")
+        assert info is not None and info.size == 5
+
+    def test_empty_object(self, objects: ObjectStore, prefix: str) -> None:
+        objects.put_if_absent(f"{prefix}empty", b"")
+        assert objects.get(f"{prefix}empty").data == b""
+
+    def test_list_is_sorted_and_filtered_by_prefix(self, objects: ObjectStore, prefix: str) -> None:
+        for name in ["b/2", "a/1", "b/1", "c", "bb/1"]:
+            objects.put_if_absent(f"{prefix}{name}", name.encode())
+        assert [i.key for i in objects.list(f"{prefix}b/")] == [f"{prefix}b/1", f"{prefix}b/2"]
+        assert [i.key for i in objects.list(f"{prefix}b")] == [
+            f"{prefix}b/1",
+            f"{prefix}b/2",
+            f"{prefix}bb/1",
+        ]
+        assert [i.key for i in objects.list(f"{prefix}b/", start_after=f"{prefix}b/1")] == [f"{prefix}b/2"]
+
+    def test_list_dirs(self, objects: ObjectStore, prefix: str) -> None:
+        for name in ["s/x/header.json", "s/x/i/seg/1", "s/y/header.json", "s/z1/q"]:
+            objects.put_if_absent(f"{prefix}{name}", b"1")
+        assert list(objects.list_dirs(f"{prefix}s/")) == ["x", "y", "z1"]
+        assert list(objects.list_dirs(f"{prefix}nothing/")) == []
+
+    def test_list_pages_past_one_thousand_keys(self, objects: ObjectStore, prefix: str) -> None:
+        keys = [f"{prefix}many/{i:06d}" for i in range(1105)]
+
+        def put(chunk: list[str]) -> None:
+            for k in chunk:
+                objects.put_if_absent(k, b"")
+
+        threads = [threading.Thread(target=put, args=(keys[i::8],)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        listed = [i.key for i in objects.list(f"{prefix}many/")]
+        assert listed == keys
+        assert [i.key for i in objects.list(f"{prefix}many/", start_after=keys[1000])] == keys[1001:]
+
+    def test_delete_is_idempotent(self, objects: ObjectStore, prefix: str) -> None:
+        objects.put_if_absent(f"{prefix}d", b"1")
+        objects.delete(f"{prefix}d")
+        objects.delete(f"{prefix}d")
+        assert objects.head(f"{prefix}d") is None
+        # Deleted means the name can be created again (delete_session relies on it).
+        objects.put_if_absent(f"{prefix}d", b"2")
+        assert objects.get(f"{prefix}d").data == b"2"
+
+    def test_delete_many(self, objects: ObjectStore, prefix: str) -> None:
+        keys = [f"{prefix}dm/{i}" for i in range(5)]
+        for k in keys:
+            objects.put_if_absent(k, b"1")
+        objects.delete_many(keys[:3] + [f"{prefix}dm/absent"])
+        assert [i.key for i in objects.list(f"{prefix}dm/")] == keys[3:]
+
+    def test_racing_creates_have_exactly_one_winner(self, objects: ObjectStore, prefix: str) -> None:
+        for round_no in range(5):
+            key = f"{prefix}race/{round_no}"
+            winners: list[int] = []
+            losers: list[int] = []
+            barrier = threading.Barrier(8)
+
+            def attempt(i: int) -> None:
+                barrier.wait()
+                try:
+                    objects.put_if_absent(key, f"{i}".encode(), {"nonce": str(i)})
+                    winners.append(i)
+                except ObjectExistsError:
+                    losers.append(i)
+
+            threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert len(winners) == 1, winners
+            assert len(losers) == 7
+            assert objects.get(key).data == str(winners[0]).encode()
+
+    def test_probe_accepts_backend(self, objects: ObjectStore, prefix: str) -> None:
+        objects.probe_conditional_writes(f"{prefix}_probe/")
+        assert list(objects.list(f"{prefix}_probe/")) == []
+
+    @pytest.mark.parametrize("key", ["../x", "a/../b", "/abs", "a//b", "", "a/.hidden", "a/b c", "a\\b"])
+    def test_unsafe_keys_are_refused(self, objects: ObjectStore, prefix: str, key: str) -> None:
+        with pytest.raises(InvalidInputError):
+            objects.put_if_absent(prefix + key if key and not key.startswith("/") else key, b"x")
+
+    def test_request_counter(self, objects: ObjectStore, prefix: str) -> None:
+        before = objects.requests["get"]
+        objects.put_if_absent(f"{prefix}cnt", b"1")
+        objects.get(f"{prefix}cnt")
+        objects.get(f"{prefix}cnt")
+        assert objects.requests["get"] - before == 2
+
+
+class TestMemoryObjectStore(ObjectStoreContract):
+    @pytest.fixture
+    def objects(self) -> Iterator[ObjectStore]:
+        yield MemoryObjectStore()
+
+
+class TestFileObjectStore(ObjectStoreContract):
+    @pytest.fixture
+    def objects(self, tmp_path: Path) -> Iterator[ObjectStore]:
+        yield FileObjectStore(tmp_path / "objects")
+
+    def test_symlink_inside_tree_cannot_redirect_writes(self, tmp_path: Path) -> None:
+        root = tmp_path / "objects"
+        store = FileObjectStore(root)
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (root / "sessions").mkdir()
+        os.symlink(outside, root / "sessions" / "evil")
+        with pytest.raises(InvalidInputError):
+            store.put_if_absent("sessions/evil/header.json", b"x")
+        assert list(outside.iterdir()) == []
+
+    def test_file_symlink_is_refused(self, tmp_path: Path) -> None:
+        root = tmp_path / "objects"
+        store = FileObjectStore(root)
+        target = tmp_path / "secret"
+        target.write_text("secret")
+        os.symlink(target, root / "link")
+        with pytest.raises(InvalidInputError):
+            store.get("link")
+
+    def test_no_temporary_files_left_behind(self, tmp_path: Path) -> None:
+        store = FileObjectStore(tmp_path / "objects")
+        store.put_if_absent("a/b", b"1")
+        with pytest.raises(ObjectExistsError):
+            store.put_if_absent("a/b", b"2")
+        assert list((tmp_path / "objects" / ".tmp").iterdir()) == []
+
+    def test_racing_processes_have_one_winner(self, tmp_path: Path) -> None:
+        import multiprocessing as mp
+
+        root = tmp_path / "objects"
+        FileObjectStore(root)
+        ctx = mp.get_context("spawn")
+        queue: "mp.Queue[str]" = ctx.Queue()
+        procs = [ctx.Process(target=_race_file_put, args=(str(root), i, queue)) for i in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        results = sorted(queue.get(timeout=5) for _ in procs)
+        assert sum(r.startswith("won") for r in results) == 1, results
+
+
+def _race_file_put(root: str, i: int, queue: "object") -> None:
+    store = FileObjectStore(root)
+    try:
+        store.put_if_absent("race/key", str(i).encode())
+        queue.put(f"won {i}")  # type: ignore[attr-defined]
+    except ObjectExistsError:
+        queue.put(f"lost {i}")  # type: ignore[attr-defined]
+
+
+class TestS3ObjectStore(ObjectStoreContract):
+    @pytest.fixture
+    def objects(self, s3_url: str) -> Iterator[ObjectStore]:
+        store = S3ObjectStore(parse_s3_url(s3_url))
+        yield store
+        store.close()
+
+    @pytest.fixture
+    def prefix(self, s3_url: str) -> str:
+        return s3_prefix_of(s3_url)
+
+
+class LyingObjectStore(MemoryObjectStore):
+    """A backend that ignores If-None-Match, as some emulators do."""
+
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> None:
+        try:
+            super().put_if_absent(key, data, metadata)
+        except ObjectExistsError:
+            with self._lock:
+                self._objects.pop(key)
+            super().put_if_absent(key, data, metadata)
+
+
+def test_probe_refuses_backend_that_ignores_conditional_writes() -> None:
+    with pytest.raises(ConditionalWritesUnsupportedError):
+        LyingObjectStore().probe_conditional_writes("_probe/")
+
+
+def test_s3_url_parsing() -> None:
+    cfg = parse_s3_url("s3://bkt/some/prefix?endpoint=http://localhost:9000&region=eu-west-1&sse=AES256")
+    assert cfg.bucket == "bkt"
+    assert cfg.prefix == "some/prefix"
+    assert cfg.endpoint_url == "http://localhost:9000"
+    assert cfg.region == "eu-west-1"
+    assert cfg.sse == "AES256"
+    assert s3_prefix_of("s3://bkt/some/prefix/") == "some/prefix/"
+    with pytest.raises(InvalidInputError):
+        parse_s3_url("http://bkt")
