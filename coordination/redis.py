@@ -53,6 +53,9 @@ class CommitResult:
     code: str  # OK ALREADY BEHIND HYDRATE INCARNATION
     seq: int = 0
     inc: str = ""
+    #: Segments and bytes committed since the latest manifest (OK only).
+    pending_segments: int = 0
+    pending_bytes: int = 0
 
 
 def _s(value: Any) -> str:
@@ -89,6 +92,7 @@ class Coordinator:
         self._commit = client.register_script(scripts.COMMIT)
         self._install = client.register_script(scripts.INSTALL)
         self._forget = client.register_script(scripts.FORGET)
+        self._compacted = client.register_script(scripts.COMPACTED)
 
     @classmethod
     def from_url(
@@ -168,6 +172,7 @@ class Coordinator:
         ids: Sequence[str],
         hashes: Sequence[str],
         *,
+        size: int = 0,
         notify: dict[str, Any] | None = None,
     ) -> CommitResult:
         new_seq = from_seq + 1
@@ -181,6 +186,7 @@ class Coordinator:
             payload.update(notify)
         args.append(self.keys.changes(sid))
         args.append(orjson.dumps(payload))
+        args.append(size)
         keys = [self.keys.tail(sid), self.keys.ids(sid)]
         res = self._call(lambda: self._commit(keys=keys, args=args))
         code = _s(res[0])
@@ -188,7 +194,13 @@ class Coordinator:
             return CommitResult(code, inc=_s(res[1]))
         if code == "HYDRATE":
             return CommitResult(code)
+        if code == "OK":
+            return CommitResult(code, seq=int(res[1]), pending_segments=int(res[2]), pending_bytes=int(res[3]))
         return CommitResult(code, seq=int(res[1]))
+
+    def compacted(self, sid: str, inc: str, segments: int, size: int) -> None:
+        """Subtract what a new manifest merged from the session's pending counters."""
+        self._call(lambda: self._compacted(keys=[self.keys.tail(sid)], args=[inc, segments, size]))
 
     def tail(self, sid: str) -> TailState | None:
         raw = self._call(
@@ -213,17 +225,28 @@ class Coordinator:
         last: str,
         count: int,
         ids: Iterable[tuple[str, int, str]],
+        pending_segments: int = 0,
+        pending_bytes: int = 0,
     ) -> str:
         """Install state rebuilt from the object store (``ids``: (id, seq, hash))."""
         items = list(ids)
+        pending = (pending_segments, pending_bytes)
         for _ in range(3):
-            code = self._install_once(sid, inc, seq=seq, last=last, count=count, ids=items)
+            code = self._install_once(sid, inc, seq=seq, last=last, count=count, ids=items, pending=pending)
             if code != "LOST":
                 return code
         raise BackendUnavailableError(f"Redis kept losing the rebuilt state of session {sid!r}")
 
     def _install_once(
-        self, sid: str, inc: str, *, seq: int, last: str, count: int, ids: list[tuple[str, int, str]]
+        self,
+        sid: str,
+        inc: str,
+        *,
+        seq: int,
+        last: str,
+        count: int,
+        ids: list[tuple[str, int, str]],
+        pending: tuple[int, int],
     ) -> str:
         scratch = self.keys.ids_building(sid, uuid.uuid4().hex)
         nids = 0
@@ -244,7 +267,7 @@ class Coordinator:
         if nids:
             self._call(lambda: self.client.expire(scratch, 600))
         keys = [self.keys.tail(sid), self.keys.ids(sid), scratch]
-        res = self._call(lambda: self._install(keys=keys, args=[inc, seq, last, count, nids]))
+        res = self._call(lambda: self._install(keys=keys, args=[inc, seq, last, count, nids, *pending]))
         return _s(res[0])
 
     def forget(self, sid: str, inc: str = "*") -> bool:

@@ -108,8 +108,10 @@ COMMIT = _PRELUDE + """
 -- KEYS[1] tail, KEYS[2] ids
 -- ARGV[1] inc, ARGV[2] from (seq the writer saw), ARGV[3] last id of the segment,
 --   ARGV[4] n, ARGV[5..4+2n] pairs (id, "<from+1>:<hash>"), ARGV[5+2n] channel,
---   ARGV[6+2n] notification payload
--- Returns {'OK', from+1} | {'ALREADY', seq} (someone rolled it forward: nothing to do) |
+--   ARGV[6+2n] notification payload, ARGV[7+2n] the segment's size in bytes
+-- Also counts segments and bytes not yet compacted (tail fields pseg, pbytes; the compactor
+-- subtracts what it merges), so the writer can tell when a compaction job is due.
+-- Returns {'OK', from+1, pseg, pbytes} | {'ALREADY', seq} (someone rolled it forward) |
 --   {'BEHIND', seq} (Redis is behind the writer's view: rebuild) | {'HYDRATE'} | {'INCARNATION', inc}
 local s, err = state(KEYS[1], KEYS[2], ARGV[1])
 if not s then return err end
@@ -121,14 +123,17 @@ local before = redis.call('HLEN', KEYS[2])
 hset_chunked(KEYS[2], ARGV, 5, 4 + 2 * n)
 local nids = redis.call('HLEN', KEYS[2])
 redis.call('HSET', KEYS[1], 'seq', from + 1, 'last', ARGV[3], 'count', s.count + n, 'nids', nids)
+local pseg = redis.call('HINCRBY', KEYS[1], 'pseg', 1)
+local pbytes = redis.call('HINCRBY', KEYS[1], 'pbytes', tonumber(ARGV[7 + 2 * n]))
 redis.call('PUBLISH', ARGV[5 + 2 * n], ARGV[6 + 2 * n])
-return {'OK', from + 1}
+return {'OK', from + 1, pseg, pbytes}
 """
 
 INSTALL = """
 -- INSTALL: replace a session's state with one rebuilt from the object store.
 -- KEYS[1] tail, KEYS[2] ids, KEYS[3] the scratch hash holding the rebuilt ids
--- ARGV[1] inc, ARGV[2] seq, ARGV[3] last, ARGV[4] count, ARGV[5] nids
+-- ARGV[1] inc, ARGV[2] seq, ARGV[3] last, ARGV[4] count, ARGV[5] nids,
+--   ARGV[6] pseg, ARGV[7] pbytes (segments and bytes after the latest manifest)
 -- Keeps a current state instead (same incarnation, seq at least as far, index whole):
 -- a concurrent writer may have committed past what this rebuild saw.
 -- Returns {'INSTALLED', seq} | {'KEPT', seq} | {'LOST'} (the scratch hash vanished, e.g. a
@@ -150,7 +155,7 @@ else
 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'inc', ARGV[1], 'seq', ARGV[2], 'last', ARGV[3],
-           'count', ARGV[4], 'nids', ARGV[5])
+           'count', ARGV[4], 'nids', ARGV[5], 'pseg', ARGV[6], 'pbytes', ARGV[7])
 return {'INSTALLED', tonumber(ARGV[2])}
 """
 
@@ -163,4 +168,18 @@ local inc = redis.call('HGET', KEYS[1], 'inc')
 if ARGV[1] ~= '*' and inc and inc ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 return 1
+"""
+
+COMPACTED = """
+-- COMPACTED: a manifest now covers segments the counters still count as pending.
+-- KEYS[1] tail; ARGV[1] inc, ARGV[2] segments merged, ARGV[3] bytes merged
+-- Returns {pseg, pbytes} after the subtraction (never below zero), or {} for another
+-- incarnation or missing state (nothing to correct: a rebuild recounts from the manifest).
+local inc = redis.call('HGET', KEYS[1], 'inc')
+if inc ~= ARGV[1] then return {} end
+local pseg = redis.call('HINCRBY', KEYS[1], 'pseg', -tonumber(ARGV[2]))
+local pbytes = redis.call('HINCRBY', KEYS[1], 'pbytes', -tonumber(ARGV[3]))
+if pseg < 0 then pseg = 0; redis.call('HSET', KEYS[1], 'pseg', 0) end
+if pbytes < 0 then pbytes = 0; redis.call('HSET', KEYS[1], 'pbytes', 0) end
+return {pseg, pbytes}
 """

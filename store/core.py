@@ -423,7 +423,9 @@ class SessionStore:
 
     def _commit_after_put(self, sid: str, header: Header, n: int, batch: PreparedBatch) -> None:
         try:
-            res = self.coord.commit(sid, header.incarnation, n, batch.ids, batch.hashes)
+            res = self.coord.commit(
+                sid, header.incarnation, n, batch.ids, batch.hashes, size=len(batch.body)
+            )
             if res.code in ("HYDRATE", "BEHIND", "INCARNATION"):
                 # Redis lost or changed the state since CHECK. The segment is durable; the
                 # rebuild reads it from the object store.
@@ -442,9 +444,18 @@ class SessionStore:
         # Separate commands: the job queue and the index live in other hash slots.
         try:
             self.coord.touch_session(sid)
-            every = self.options.compact_after_segments
-            if every > 0 and seq % every == 0:
-                self.coord.enqueue_compaction(sid, reason=f"segments:{seq}")
+            if res.code != "OK":
+                return
+            opts = self.options
+            due = (opts.compact_after_segments > 0 and res.pending_segments >= opts.compact_after_segments) or (
+                opts.compact_after_bytes > 0 and res.pending_bytes >= opts.compact_after_bytes
+            )
+            if due:
+                # At most one job queued per session (a marker with NX); the compactor
+                # clears the marker when it takes the job.
+                self.coord.enqueue_compaction(
+                    sid, reason=f"segments={res.pending_segments} bytes={res.pending_bytes}"
+                )
         except BackendError as exc:
             log.warning("session index / compaction queue not updated for %s: %s", sid, exc)
 
@@ -452,7 +463,7 @@ class SessionStore:
         entries = decode_segment(obj.key, obj.data, obj.metadata.get(_SHA_KEY))
         ids = [str(e["id"]) for e in entries]
         hashes = [entry_hash(e) for e in entries]
-        res = self.coord.commit(sid, header.incarnation, n, ids, hashes)
+        res = self.coord.commit(sid, header.incarnation, n, ids, hashes, size=len(obj.data))
         if res.code in ("HYDRATE", "BEHIND", "INCARNATION"):
             self._repair_state(sid, header, "HYDRATE" if res.code != "INCARNATION" else res.code)
 
@@ -498,6 +509,8 @@ class SessionStore:
             last=data.last_entry_id,
             count=len(data.inherited) + len(data.entries),
             ids=ids,
+            pending_segments=data.seq - (data.manifest.through_seq if data.manifest else 0),
+            pending_bytes=data.tail_bytes,
         )
         return self.coord.tail(sid)
 

@@ -142,11 +142,13 @@ def _is_array_index(key: str) -> bool:
 
 def _js_key_order(obj: dict[str, Any]) -> list[str] | None:
     """The JS property order of ``obj`` if it differs from the dict's, else None."""
-    index_keys = [k for k in obj if k[:1] in _DIGITS and _is_array_index(k)]
+    # Non-string keys cannot be written at all: orjson refuses them later, with a typed error.
+    index_keys = [k for k in obj if type(k) is str and k[:1] in _DIGITS and _is_array_index(k)]
     if not index_keys:
         return None
     index_keys.sort(key=int)
-    order = index_keys + [k for k in obj if not (k[:1] in _DIGITS and _is_array_index(k))]
+    first = set(index_keys)
+    order = index_keys + [k for k in obj if k not in first]
     return None if order == list(obj) else order
 
 
@@ -467,9 +469,13 @@ def _parse_int_js(text: str) -> int | float:
 _SLOW_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_int=_parse_int_js)
 
 
+class _TooDeep(ValueError):
+    """Valid JSON nested deeper than Python's parsers go (JSON.parse in V8 has no such limit)."""
+
+
 def _slow_parse(text: str) -> Any:
-    """``JSON.parse`` of a line orjson refused: lone surrogate escapes and deep nesting parse in
-    JS. Returns _MISSING if JSON.parse would throw too."""
+    """``JSON.parse`` of a line orjson refused (lone surrogate escapes, nesting beyond orjson's
+    1024 levels). Returns _MISSING if JSON.parse would throw too."""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
@@ -478,6 +484,8 @@ def _slow_parse(text: str) -> Any:
         value, end = _SLOW_DECODER.raw_decode(text, _skip_json_ws(text, 0))
     except json.JSONDecodeError:
         return _MISSING
+    except RecursionError as exc:
+        raise _TooDeep("JSON nested too deeply to parse") from exc
     if _skip_json_ws(text, end) != len(text):
         return _MISSING
     return value
@@ -588,16 +596,20 @@ class _Parser:
             # content.trim() removed the BOM / leading whitespace of the first non-blank line.
             text = _js_lstrip(text)
         self.seen_nonblank = True
-        value = _slow_parse(text)
-        if value is _MISSING:
-            trimmed = _js_rstrip(text)
-            if trimmed != text:
-                value = _slow_parse(trimmed)
-                if value is not _MISSING:
-                    self.tail = (lineno, value, _encode(trimmed.strip(" \t\r")))
-                    return True
-            self.skipped.append(lineno)
-            return True
+        try:
+            value = _slow_parse(text)
+            if value is _MISSING:
+                trimmed = _js_rstrip(text)
+                if trimmed != text:
+                    value = _slow_parse(trimmed)
+                    if value is not _MISSING:
+                        self.tail = (lineno, value, _encode(trimmed.strip(" \t\r")))
+                        return True
+                self.skipped.append(lineno)
+                return True
+        except _TooDeep as exc:
+            # pi would keep this line; skipping it would lose data silently, so refuse it.
+            raise InvalidEntryError(f"line {lineno}: {exc}") from exc
         return self._accept(lineno, value, _encode(text.strip(" \t\r")), check_surrogates=True)
 
     def finish(self) -> None:

@@ -473,8 +473,13 @@ class TreeNode:
 
     entry: Entry
     children: list[TreeNode] = field(default_factory=list)
+    #: The entry's label (always truthy), or None.
     label: Any = None
+    #: The timestamp of the label entry that set :attr:`label`; may be None when that entry's
+    #: timestamp was null or missing, so :attr:`label_timestamp_present` tells which.
     label_timestamp: Any = None
+    #: Whether pi's node has a ``labelTimestamp`` at all (its label entry had a timestamp key).
+    label_timestamp_present: bool = field(default=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """pi's node shape; ``label``/``labelTimestamp`` only when set (iterative, any depth)."""
@@ -492,7 +497,7 @@ class TreeNode:
         out: dict[str, Any] = {"entry": self.entry, "children": []}
         if self.label is not None:
             out["label"] = self.label
-        if self.label_timestamp is not None:
+        if self.label_timestamp_present:
             out["labelTimestamp"] = self.label_timestamp
         return out
 
@@ -593,7 +598,11 @@ class Session:
                 label = entry.get("label", _MISSING)
                 if js_truthy(label):
                     labels[target_id] = label
-                    label_timestamps[target_id] = entry.get("timestamp")
+                    # A label entry without timestamp leaves pi's labelTimestamp undefined.
+                    if "timestamp" in entry:
+                        label_timestamps[target_id] = entry["timestamp"]
+                    else:
+                        label_timestamps.pop(target_id, None)
                 else:
                     labels.pop(target_id, None)
                     label_timestamps.pop(target_id, None)
@@ -670,6 +679,7 @@ class Session:
 
     @property
     def label_timestamps(self) -> dict[str, Any]:
+        """targetId -> timestamp of the label entry that set the label (when it had one)."""
         return dict(self._label_timestamps)
 
     @property
@@ -690,11 +700,13 @@ class Session:
         Roots are entries whose ``parentId`` is ``null`` and orphans (unknown, empty or
         missing ``parentId``); pi keeps orphans and so do we. Fresh nodes on every call.
         """
+        label_timestamps = self._label_timestamps
         nodes = {
             entry["id"]: TreeNode(
                 entry,
                 label=self._labels.get(entry["id"]),
-                label_timestamp=self._label_timestamps.get(entry["id"]),
+                label_timestamp=label_timestamps.get(entry["id"]),
+                label_timestamp_present=entry["id"] in label_timestamps,
             )
             for entry in self._entries
         }
