@@ -30,7 +30,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import orjson
 
@@ -55,7 +55,7 @@ from store.errors import (
 from store.layout import Layout, check_session_id
 from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
 from store.records import (
-    MANIFEST_SCHEMA,
+    EMPTY_TAIL,
     AppendResult,
     ForkPoint,
     Header,
@@ -63,6 +63,10 @@ from store.records import (
     StoreOptions,
     TailInfo,
 )
+
+if TYPE_CHECKING:
+    from store.manager import SessionManager
+    from store.session import Session
 
 log = logging.getLogger("sessionstore")
 
@@ -565,6 +569,10 @@ class SessionStore:
         data = self._read(sid, header, use_hint=False)
         return TailInfo(sid, data.seq, data.last_entry_id, len(data.all_entries))
 
+    def latest_manifest(self, session_id: str, incarnation: str) -> Manifest | None:
+        """The highest manifest generation of an incarnation (LIST, then probe), or None."""
+        return self._latest_manifest(check_session_id(session_id), incarnation)
+
     def _latest_manifest(self, sid: str, inc: str) -> Manifest | None:
         prefix = self.layout.manifest_prefix(sid, inc)
         keys = [info.key for info in self.options.retry.call(lambda: list(self.objects.list(prefix)))]
@@ -761,11 +769,178 @@ class SessionStore:
         if keys:
             self.options.retry.call(lambda: self.objects.delete_many(keys))
 
+    # --- sessions with pi's semantics ----------------------------------------------------------
+
+    def load_session(self, session_id: str) -> "Session":
+        """An immutable snapshot with pi's tree, leaf, labels, name and context."""
+        from store.session import Session
+
+        data = self.read_session(session_id)
+        return Session(data.header.pi_header, data.all_entries)
+
+    def open_session(self, session_id: str, *, strict: bool = False) -> "SessionManager":
+        """pi's ``SessionManager`` API over this store (see ``store.manager``)."""
+        from store.manager import SessionManager
+
+        return SessionManager(self, check_session_id(session_id), strict=strict)
+
+    def branch_from_entry(
+        self, session_id: str, from_entry_id: str, new_session_id: str | None = None
+    ) -> "SessionHandle":
+        """Fork: a new session whose history is the source's path root..``from_entry_id``.
+
+        Nothing is copied: the fork's header points at the source (and its incarnation), and
+        reading the fork reads that path from the source, then the fork's own segments.
+        """
+        sid = check_session_id(session_id)
+        source = self.read_session(sid)
+        seq = 0
+        for entry, s in zip(source.entries, source.seqs):
+            if entry["id"] == from_entry_id:
+                seq = s
+                break
+        else:
+            if not any(e["id"] == from_entry_id for e in source.inherited):
+                raise EntryNotFoundError(sid, from_entry_id)
+        new_sid = check_session_id(new_session_id if new_session_id is not None else uuid7())
+        src_pi = source.header.pi_header
+        pi_header = {
+            "type": "session",
+            "version": 3,
+            "id": new_sid,
+            "timestamp": _iso_now(),
+            "cwd": src_pi.get("cwd", ""),
+            "parentSession": sid,
+        }
+        fork = ForkPoint(sid, source.header.incarnation, from_entry_id, seq)
+        return self.create_session(new_sid, pi_header=pi_header, fork=fork)
+
+    def redact(self, session_id: str, entry_id: str, reason: str) -> AppendResult:
+        """Hide an entry's content from every reader; the compactor later purges it.
+
+        Appends a ``redaction`` entry after the session's tail (so it becomes the leaf, like a
+        label in pi). Readers see the target as a tombstone (id, parentId, type, timestamp
+        kept, so the tree stays whole) and the context leaves it out.
+        """
+        from store.session import REDACTION_TYPE
+
+        if not isinstance(reason, str):
+            raise InvalidInputError("reason must be a string")
+        sid = check_session_id(session_id)
+        data = self.read_session(sid)
+        entries = data.all_entries
+        target = next((e for e in entries if e["id"] == entry_id), None)
+        if target is None:
+            raise EntryNotFoundError(sid, entry_id)
+        if target.get("type") == REDACTION_TYPE:
+            raise InvalidInputError("a redaction cannot be redacted")
+        from store.manager import new_entry_id
+
+        tail = data.last_entry_id or None
+        entry = {
+            "type": REDACTION_TYPE,
+            "id": new_entry_id({e["id"] for e in entries}),
+            "parentId": tail,
+            "timestamp": _iso_now(),
+            "targetId": entry_id,
+            "reason": reason,
+        }
+        # Strict on the tail: the redaction must hang off the entry it was computed from.
+        for _ in range(self.options.max_rounds):
+            try:
+                return self.append_session_entries(sid, [entry], tail or EMPTY_TAIL)
+            except ConflictError as exc:
+                tail = exc.actual_tail_entry_id or None
+                entry["parentId"] = tail
+        raise ContentionError(f"session {sid!r}: redaction lost every round to other writers")
+
+    def import_pi_session(
+        self, source: Any, session_id: str | None = None
+    ) -> "SessionHandle":
+        """Import a pi session file (v1, v2 or v3; path, bytes, text or stream).
+
+        Stored migrated to v3 exactly as pi migrates it. Idempotent: importing the same file
+        into the same session again changes nothing and returns the session.
+        """
+        from store.pi_format import read_pi_file
+
+        pi = read_pi_file(source)
+        header = pi.require_header()
+        sid = check_session_id(session_id if session_id is not None else header.get("id"))
+        pi_header = dict(header)
+        try:
+            handle = self.create_session(sid, pi_header=pi_header)
+        except SessionExistsError:
+            existing = self._read_header(sid)
+            if existing.pi_header != pi_header or existing.fork is not None:
+                raise
+            handle = SessionHandle(self, existing)
+        # pi keeps entries whose parent is missing (orphans become roots); so does an import.
+        file_ids = {e["id"] for e in pi.entries}
+        entries = [_wide_ints_as_floats(e) for e in pi.entries]
+        for chunk in _chunks(entries, self.options.max_batch_entries, self.options.max_batch_bytes):
+            batch = prepare_batch(
+                chunk,
+                max_bytes=self.options.max_batch_bytes,
+                max_entries=self.options.max_batch_entries,
+                strict=False,
+            )
+            batch = replace(
+                batch,
+                external_parents=tuple(p for p in batch.external_parents if p[1] in file_ids),
+            )
+            self._append(sid, batch, None)
+        return handle
+
+    def export_pi_session(self, session_id: str) -> str:
+        """A self-contained pi v3 file: pi opens it with the same entries, leaf and context.
+
+        A fork's inherited path is materialised (its header's ``parentSession`` names the
+        source); redacted entries are exported as tombstones without their content.
+        """
+        return "".join(self.iter_export_pi_session(session_id))
+
+    def iter_export_pi_session(self, session_id: str) -> Iterator[str]:
+        from store.pi_format import export_pi_lines
+
+        session = self.load_session(session_id)
+        return export_pi_lines(session.header, session.to_pi_entries())
+
     # --- for the compactor and tools ---------------------------------------------------------
 
     def iter_segment_keys(self, sid: str, inc: str) -> Iterator[str]:
         for info in self.objects.list(self.layout.segment_prefix(sid, inc)):
             yield info.key
+
+
+def _wide_ints_as_floats(value: Any) -> Any:
+    """JSON numbers past 64 bits, as JavaScript holds them: doubles (orjson cannot encode such
+    ints; pi has already rounded them, so the double is exact and exports the same digits)."""
+    t = type(value)
+    if t is int and not (-(2**63) <= value < 2**64):
+        return float(value)
+    if t is dict:
+        return {k: _wide_ints_as_floats(v) for k, v in value.items()}
+    if t is list:
+        return [_wide_ints_as_floats(v) for v in value]
+    return value
+
+
+def _chunks(
+    entries: Sequence[dict[str, Any]], max_entries: int, max_bytes: int
+) -> Iterator[list[dict[str, Any]]]:
+    """Deterministic batches under both limits (so a re-import re-sends the same batches)."""
+    chunk: list[dict[str, Any]] = []
+    size = 0
+    for entry in entries:
+        n = len(orjson.dumps(entry)) + 1
+        if chunk and (len(chunk) >= max_entries or size + n > max_bytes):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(entry)
+        size += n
+    if chunk:
+        yield chunk
 
 
 class _SegmentRetired(Exception):

@@ -69,8 +69,14 @@ def prepare_batch(
     *,
     max_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     max_entries: int = DEFAULT_MAX_BATCH_ENTRIES,
+    strict: bool = True,
 ) -> PreparedBatch:
-    """Validate and encode a batch. Raises a typed error, having written nothing."""
+    """Validate and encode a batch. Raises a typed error, having written nothing.
+
+    ``strict=False`` is for imports of pi files, whose entries pi reads however odd they are:
+    ``type`` may be anything and ``parentId`` missing or of any type (pi then treats the entry
+    as a root). Ids, JSON-ness and the no-cycle rule hold in both modes.
+    """
     if isinstance(entries, (str, bytes, dict)) or not isinstance(entries, Sequence):
         raise InvalidEntryError("a batch is a non-empty list of entries")
     if not entries:
@@ -93,15 +99,18 @@ def prepare_batch(
         if len(eid) > MAX_ID_LENGTH:
             raise InvalidEntryError(f"'id' is longer than {MAX_ID_LENGTH}", index=i, entry_id=eid)
         etype = entry.get("type")
-        if not isinstance(etype, str) or not etype:
-            raise InvalidEntryError("'type' must be a non-empty string", index=i, entry_id=eid)
         if etype == "session":
             raise InvalidEntryError("'session' is the header's type, not an entry's", index=i, entry_id=eid)
-        if "parentId" not in entry:
-            raise InvalidEntryError("'parentId' is missing (null for a root)", index=i, entry_id=eid)
-        parent = entry["parentId"]
-        if parent is not None and not isinstance(parent, str):
-            raise InvalidEntryError("'parentId' must be null or a string", index=i, entry_id=eid)
+        parent = entry.get("parentId")
+        if strict:
+            if not isinstance(etype, str) or not etype:
+                raise InvalidEntryError("'type' must be a non-empty string", index=i, entry_id=eid)
+            if "parentId" not in entry:
+                raise InvalidEntryError("'parentId' is missing (null for a root)", index=i, entry_id=eid)
+            if parent is not None and not isinstance(parent, str):
+                raise InvalidEntryError("'parentId' must be null or a string", index=i, entry_id=eid)
+        elif not isinstance(parent, str):
+            parent = None
         if eid in seen:
             raise InvalidEntryError("duplicate id within the batch", index=i, entry_id=eid)
         if parent == eid:
