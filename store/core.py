@@ -53,6 +53,7 @@ from store.errors import (
     UnknownParentError,
 )
 from store.layout import Layout, check_session_id
+from store.migrations import CURRENT_SCHEMA, upgrade
 from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
 from store.records import (
     EMPTY_TAIL,
@@ -72,6 +73,7 @@ log = logging.getLogger("sessionstore")
 
 _NONCE_KEY = "nonce"
 _SHA_KEY = "sha256"
+_SCHEMA_KEY = "schema"
 _MAX_READ_RESTARTS = 8
 
 
@@ -331,7 +333,12 @@ class SessionStore:
     def _append(self, sid: str, batch: PreparedBatch, expected: str | None) -> AppendResult:
         header = self._header(sid)
         nonce = uuid.uuid4().hex
-        metadata = {_NONCE_KEY: nonce, _SHA_KEY: batch.checksum, "count": str(len(batch.ids))}
+        metadata = {
+            _NONCE_KEY: nonce,
+            _SHA_KEY: batch.checksum,
+            _SCHEMA_KEY: str(CURRENT_SCHEMA),
+            "count": str(len(batch.ids)),
+        }
         rebuilt_for: int | None = None
         for round_no in range(self.options.max_rounds):
             res = self.coord.check(
@@ -638,7 +645,7 @@ class SessionStore:
                     break  # a gap: stop there and let the probe decide
                 known.append(s)
         base_futures = [self._pool.submit(self._get_base, b) for b in (manifest.bases if manifest else ())]
-        seg_futures = {s: self._pool.submit(self._get_segment, sid, inc, s) for s in known}
+        seg_futures = {s: self._pool.submit(self._get_segment, sid, inc, s, header.schema) for s in known}
         entries: list[dict[str, Any]] = []
         seqs: list[int] = []
         if manifest is not None:
@@ -665,7 +672,7 @@ class SessionStore:
             seq = s
         # Probe past the known tail: writers that died before telling Redis.
         while True:
-            got = self._get_segment(sid, inc, seq + 1)
+            got = self._get_segment(sid, inc, seq + 1, header.schema)
             if got is None:
                 break
             seg_entries, size = got
@@ -676,13 +683,21 @@ class SessionStore:
         _check_unique_ids(sid, inherited, entries)
         return SessionData(header, inherited, entries, seqs, seq, manifest, tail_bytes)
 
-    def _get_segment(self, sid: str, inc: str, seq: int) -> tuple[list[dict[str, Any]], int] | None:
+    def _get_segment(
+        self, sid: str, inc: str, seq: int, schema: int = CURRENT_SCHEMA
+    ) -> tuple[list[dict[str, Any]], int] | None:
+        """A segment's entries lifted to the current schema (``schema``: the header's, for
+        segments whose metadata does not say), and its size; None if it does not exist."""
         key = self.layout.segment(sid, inc, seq)
         try:
             obj = self.options.retry.call(lambda: self.objects.get(key))
         except ObjectNotFoundError:
             return None
-        return decode_segment(key, obj.data, obj.metadata.get(_SHA_KEY)), len(obj.data)
+        entries = decode_segment(key, obj.data, obj.metadata.get(_SHA_KEY))
+        written = int(obj.metadata.get(_SCHEMA_KEY, schema))
+        if written != CURRENT_SCHEMA:
+            entries = upgrade(entries, written)
+        return entries, len(obj.data)
 
     def _get_base(self, base: dict[str, Any]) -> list[dict[str, Any]]:
         key = str(base["key"])
@@ -690,7 +705,9 @@ class SessionStore:
             obj = self.options.retry.call(lambda: self.objects.get(key))
         except ObjectNotFoundError:
             raise _SegmentRetired() from None
-        return decode_segment(key, obj.data, base.get("sha256"))
+        entries = decode_segment(key, obj.data, base.get("sha256"))
+        written = int(base.get("schema", CURRENT_SCHEMA))
+        return entries if written == CURRENT_SCHEMA else upgrade(entries, written)
 
     def _fork_path(self, fork: ForkPoint) -> list[dict[str, Any]]:
         """The source's path root..fork point (which is immutable once written)."""

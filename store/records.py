@@ -11,7 +11,8 @@ from store.retry import DEFAULT_RETRY, RetryPolicy
 #: Pass as ``expected_tail_entry_id`` to require that the session has no entry yet.
 EMPTY_TAIL = ""
 
-HEADER_SCHEMA = 1
+from store.migrations import CURRENT_SCHEMA as HEADER_SCHEMA  # noqa: E402
+
 MANIFEST_SCHEMA = 1
 
 

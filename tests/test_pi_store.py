@@ -130,7 +130,19 @@ def _node_available() -> bool:
     return shutil.which("node") is not None and (PI_NODE / "node_modules" / "@mariozechner").is_dir()
 
 
+def _install_pi() -> None:
+    """pi's reference implementation, from npm, once (CI does it up front in .ci/run)."""
+    if shutil.which("npm") is None or _node_available():
+        return
+    subprocess.run(
+        ["npm", "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(PI_NODE),
+         "@mariozechner/pi-coding-agent@0.73.1"],
+        capture_output=True, timeout=600, check=False,
+    )
+
+
 def pi_open(files: list[Path]) -> list[dict[str, Any]]:
+    _install_pi()
     if not _node_available():
         if os.environ.get("CI"):
             pytest.fail("CI must install node and @mariozechner/pi-coding-agent (see .ci/run)")
