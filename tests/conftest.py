@@ -1,0 +1,344 @@
+"""Shared fixtures: real servers over real connections (never mocks of boto3 or redis-py).
+
+By default a moto S3 server (real HTTP, loopback) and a redis-server process are started once
+per session. With these environment variables set, the suite uses external servers instead
+(see infra/README.md):
+
+* ``SESSIONSTORE_TEST_S3_URL``, e.g. ``s3://sessions?endpoint=http://localhost:9000``:
+  each test gets a fresh unique prefix in that bucket (credentials from ``AWS_ACCESS_KEY_ID``
+  / ``AWS_SECRET_ACCESS_KEY``), removed afterwards.
+* ``SESSIONSTORE_TEST_REDIS_URL``, e.g. ``redis://localhost:6379/0``: no FLUSHALL; each test
+  gets a fresh key prefix (``redis_prefix``) whose keys are removed afterwards.
+
+Fixtures (scope):
+
+* ``s3_server`` (session) -> ``S3Server``; skipped when S3 is external.
+* ``s3_location`` (function) -> ``S3Location``: bucket, prefix, endpoint_url, region, url,
+  ``client()``. Local: a fresh bucket per test.
+* ``s3_url`` (function) -> ``str``: ``s3://BUCKET/PREFIX?endpoint=http://127.0.0.1:PORT&region=us-east-1``.
+* ``s3_proxy`` (function) -> ``S3Proxy``: a ``TcpProxy`` in front of the S3 endpoint, with
+  ``url`` (same bucket/prefix as ``s3_url``, through the proxy), ``endpoint_url``, ``client()``.
+  Works against external S3 too.
+* ``redis_server`` (session) -> ``RedisServer`` (no persistence); skipped when Redis is external.
+* ``redis_url`` (function) -> ``str``: local: FLUSHALLed before the test.
+* ``redis_prefix`` (function) -> ``str``: a fresh key prefix (``sstest-<hex>``, no trailing
+  colon: the store's ``Keys(prefix=...)`` form); always unique, cleaned up on external Redis.
+* ``private_redis`` (function) -> a started ``RedisServer`` of the test's own, to kill, pause
+  or restart; skipped when Redis is external.
+* ``redis_server_factory`` (function) -> ``(**RedisServer kwargs) -> started RedisServer``,
+  all closed after the test (e.g. ``persistence="aof"``); skipped when Redis is external.
+* ``tcp_proxy_factory`` (function) -> ``(host, port, **TcpProxy kwargs) -> started TcpProxy``,
+  all stopped after the test.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import (  # noqa: E402
+    RedisServer,
+    S3Server,
+    TcpProxy,
+    find_redis_server,
+    new_bucket_name,
+    redis_server_version,
+    s3_client,
+)
+from harness.s3_server import s3_url as _make_s3_url  # noqa: E402
+
+EXTERNAL_S3_URL = os.environ.get("SESSIONSTORE_TEST_S3_URL") or None
+EXTERNAL_REDIS_URL = os.environ.get("SESSIONSTORE_TEST_REDIS_URL") or None
+
+_SKIP_EXTERNAL_REDIS = (
+    "SESSIONSTORE_TEST_REDIS_URL points at an external Redis: this test needs a redis-server "
+    "process of its own (to kill, pause or restart)"
+)
+_SKIP_EXTERNAL_S3 = "SESSIONSTORE_TEST_S3_URL points at an external S3: no local moto server"
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    if EXTERNAL_REDIS_URL:
+        redis_desc = EXTERNAL_REDIS_URL
+    else:
+        try:
+            binary = find_redis_server()
+            redis_desc = f"{binary} (v{redis_server_version(binary)})"
+        except Exception as exc:  # reported again, with detail, by the fixtures
+            redis_desc = f"unavailable: {exc}"
+    return [f"sessionstore S3: {EXTERNAL_S3_URL or 'local moto server'}; Redis: {redis_desc}"]
+
+
+# --- S3 --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _aws_test_environment() -> Iterator[None]:
+    """Against moto: dummy credentials in the environment, so any boto3 client the code under
+    test builds (credentials from the default chain) signs its requests, and real credentials
+    of the developer's never get used. Against external S3 the environment is left alone."""
+    if EXTERNAL_S3_URL:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        for name in ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            mp.delenv(name, raising=False)
+        yield
+
+
+@dataclass
+class S3Location:
+    """Where one test's objects live."""
+
+    bucket: str
+    prefix: str  # no leading/trailing '/'; may be ''
+    endpoint_url: str
+    region: str = "us-east-1"
+    extra_query: dict[str, str] = field(default_factory=dict)
+    external: bool = False
+
+    @property
+    def url(self) -> str:
+        return self.url_via(self.endpoint_url)
+
+    def url_via(self, endpoint_url: str) -> str:
+        """The store URL for this bucket/prefix through another endpoint (e.g. a proxy)."""
+        url = _make_s3_url(self.bucket, self.prefix, endpoint_url, self.region)
+        if self.extra_query:
+            url += "&" + urllib.parse.urlencode(self.extra_query)
+        return url
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix as keys start with it: ``'PREFIX/'`` (or ``''``)."""
+        return f"{self.prefix}/" if self.prefix else ""
+
+    def client(self, endpoint_url: str | None = None, **kwargs: Any) -> Any:
+        """A boto3 client (moto: dummy credentials; external: the environment's)."""
+        if self.external:
+            kwargs.setdefault("access_key_id", None)
+        return s3_client(endpoint_url or self.endpoint_url, region=self.region, **kwargs)
+
+
+def _parse_external_s3(url: str) -> S3Location:
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise pytest.UsageError(f"SESSIONSTORE_TEST_S3_URL is not s3://BUCKET[/PREFIX]?endpoint=...: {url!r}")
+    query = {k: v[-1] for k, v in urllib.parse.parse_qs(parsed.query).items()}
+    endpoint = query.pop("endpoint", None)
+    if not endpoint:
+        raise pytest.UsageError("SESSIONSTORE_TEST_S3_URL needs ?endpoint=http://HOST:PORT")
+    region = query.pop("region", None) or os.environ.get("AWS_REGION") or "us-east-1"
+    base = urllib.parse.unquote(parsed.path).strip("/")
+    prefix = "/".join(p for p in (base, _unique("sstest")) if p)
+    return S3Location(parsed.netloc, prefix, endpoint, region, query, external=True)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    if EXTERNAL_S3_URL:
+        pytest.skip(_SKIP_EXTERNAL_S3)
+    server = S3Server().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_location(request: pytest.FixtureRequest) -> Iterator[S3Location]:
+    if EXTERNAL_S3_URL:
+        location = _parse_external_s3(EXTERNAL_S3_URL)
+        yield location
+        _delete_prefix(location)
+        return
+    server: S3Server = request.getfixturevalue("s3_server")
+    bucket = server.create_bucket(new_bucket_name())
+    yield S3Location(bucket, _unique("p"), server.endpoint_url, server.region)
+
+
+def _delete_prefix(location: S3Location) -> None:
+    """Best effort: remove what a test left under its prefix on an external server."""
+    try:
+        client = location.client()
+        paginator = client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=location.bucket, Prefix=location.key_prefix):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=location.bucket, Delete={"Objects": keys, "Quiet": True})
+    except Exception as exc:  # pragma: no cover - cleanup must not fail the test
+        print(f"warning: could not clean s3://{location.bucket}/{location.prefix}: {exc}", file=sys.stderr)
+
+
+@pytest.fixture
+def s3_url(s3_location: S3Location) -> str:
+    """``s3://BUCKET/PREFIX?endpoint=http://127.0.0.1:PORT&region=us-east-1``, fresh per test."""
+    return s3_location.url
+
+
+@dataclass
+class S3Proxy:
+    """A :class:`TcpProxy` in front of the S3 endpoint of this test's :class:`S3Location`."""
+
+    proxy: TcpProxy
+    location: S3Location
+
+    @property
+    def endpoint_url(self) -> str:
+        return self.proxy.endpoint_url
+
+    @property
+    def url(self) -> str:
+        """Same bucket and prefix as ``s3_url``, through the proxy."""
+        return self.location.url_via(self.proxy.endpoint_url)
+
+    def client(self, **kwargs: Any) -> Any:
+        """A boto3 client through the proxy (one attempt, see harness.s3_client)."""
+        return self.location.client(self.proxy.endpoint_url, **kwargs)
+
+    # the fault API, for brevity: s3_proxy.drop_next_response() etc.
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("proxy", "location"):
+            raise AttributeError(name)
+        return getattr(self.proxy, name)
+
+
+@pytest.fixture
+def s3_proxy(s3_location: S3Location) -> Iterator[S3Proxy]:
+    parsed = urllib.parse.urlparse(s3_location.endpoint_url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    proxy = TcpProxy(parsed.hostname or "127.0.0.1", port, name="s3").start()
+    try:
+        yield S3Proxy(proxy, s3_location)
+    finally:
+        proxy.stop()
+
+
+# --- Redis -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """The shared redis-server (no persistence). Do not kill or pause it: use private_redis."""
+    if EXTERNAL_REDIS_URL:
+        pytest.skip(_SKIP_EXTERNAL_REDIS)
+    server = RedisServer(persistence="none").start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A fresh key prefix for the store (``Keys(prefix=redis_prefix)``)."""
+    prefix = _unique("sstest")
+    yield prefix
+    if EXTERNAL_REDIS_URL:
+        _delete_redis_prefix(EXTERNAL_REDIS_URL, prefix)
+
+
+def _delete_redis_prefix(url: str, prefix: str) -> None:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=5)
+        try:
+            batch: list[bytes] = []
+            for key in client.scan_iter(match=f"{prefix}*", count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    client.unlink(*batch)
+                    batch.clear()
+            if batch:
+                client.unlink(*batch)
+        finally:
+            client.close()
+    except Exception as exc:  # pragma: no cover - cleanup must not fail the test
+        print(f"warning: could not clean Redis keys {prefix}*: {exc}", file=sys.stderr)
+
+
+@pytest.fixture
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """A clean database: local FLUSHALL, or the external URL (isolate with ``redis_prefix``)."""
+    if EXTERNAL_REDIS_URL:
+        return EXTERNAL_REDIS_URL
+    server: RedisServer = request.getfixturevalue("redis_server")
+    if server.paused:
+        server.resume()
+    if not server.running:  # a test killed the shared server: heal it for the next ones
+        server.start()
+    client = server.client()
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    return server.url
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A redis-server of this test's own (no persistence): kill, pause, restart it freely."""
+    if EXTERNAL_REDIS_URL:
+        pytest.skip(_SKIP_EXTERNAL_REDIS)
+    server = RedisServer(persistence="none").start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def redis_server_factory() -> Iterator[Callable[..., RedisServer]]:
+    """``redis_server_factory(persistence="aof", config={...})`` -> a started RedisServer."""
+    if EXTERNAL_REDIS_URL:
+        pytest.skip(_SKIP_EXTERNAL_REDIS)
+    servers: list[RedisServer] = []
+
+    def make(**kwargs: Any) -> RedisServer:
+        server = RedisServer(**kwargs)
+        servers.append(server)
+        return server.start()
+
+    try:
+        yield make
+    finally:
+        for server in servers:
+            server.close()
+
+
+@pytest.fixture
+def tcp_proxy_factory() -> Iterator[Callable[..., TcpProxy]]:
+    """``tcp_proxy_factory(host, port)`` -> a started TcpProxy, stopped after the test."""
+    proxies: list[TcpProxy] = []
+
+    def make(host: str, port: int, **kwargs: Any) -> TcpProxy:
+        proxy = TcpProxy(host, port, **kwargs)
+        proxies.append(proxy)
+        return proxy.start()
+
+    try:
+        yield make
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+
+
+# Fixtures that build SessionStores on these servers.
+from store_fixtures import make_store, store  # noqa: E402,F401

@@ -1,0 +1,232 @@
+"""moto's S3 server over real HTTP on a free loopback port, with atomic conditional writes.
+
+moto's ``PUT`` with ``If-None-Match: *`` (and ``If-Match``) checks the condition and then
+writes without holding any lock, and its threaded server runs requests concurrently, so two
+racing conditional writers can both get 200. Real S3 and MinIO never let that happen, and the
+store's correctness rests on it. :func:`install_moto_write_lock` wraps every S3 write path in
+moto's ``S3Response`` (see :data:`LOCKED_METHODS`) in one process-wide lock;
+:meth:`S3Server.start` installs it, so every test gets it.
+
+moto keeps its state in process-global backends: every moto server in this process (and any
+``mock_aws``) shares the same buckets, and ``mock_aws()`` resets them when it starts. Do not
+use ``mock_aws`` in this suite; isolate tests with :func:`new_bucket_name` (or
+:meth:`S3Server.reset`, which wipes everything).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "LOCKED_METHODS",
+    "S3Server",
+    "install_moto_write_lock",
+    "moto_write_lock",
+    "moto_write_lock_bypassed",
+    "new_bucket_name",
+    "s3_client",
+]
+
+#: ``S3Response`` methods run under :data:`moto_write_lock` (names as in moto 5.2):
+#:
+#: * ``put_object``: PutObject, incl. its If-None-Match / If-Match checks;
+#: * ``copy_object``: CopyObject (writes the destination key);
+#: * ``delete_object``: DeleteObject, incl. its If-Match check;
+#: * ``_bucket_response_delete_keys``: DeleteObjects (the bulk ``POST ?delete`` path);
+#: * ``_bucket_response_post``: bucket-level POST, i.e. DeleteObjects and browser POST uploads;
+#: * ``_key_response_post``: key-level POST. CompleteMultipartUpload has no method of its own
+#:   in moto 5.2: it is the ``uploadId`` branch of this method, with its If-None-Match check.
+LOCKED_METHODS: tuple[str, ...] = (
+    "put_object",
+    "copy_object",
+    "delete_object",
+    "_bucket_response_delete_keys",
+    "_bucket_response_post",
+    "_key_response_post",
+)
+
+#: The one process-wide lock (re-entrant: ``_bucket_response_post`` calls
+#: ``_bucket_response_delete_keys``).
+moto_write_lock = threading.RLock()
+
+_install_lock = threading.Lock()
+_bypass = False
+_MARK = "_sessionstore_write_locked"
+
+
+def install_moto_write_lock() -> None:
+    """Wrap :data:`LOCKED_METHODS` of moto's ``S3Response`` in :data:`moto_write_lock`.
+
+    Idempotent. Raises if a method is missing, so a moto upgrade that renames one fails loudly
+    instead of silently losing atomicity.
+    """
+    from moto.s3.responses import S3Response
+
+    with _install_lock:
+        missing = [name for name in LOCKED_METHODS if not callable(getattr(S3Response, name, None))]
+        if missing:
+            import moto
+
+            raise RuntimeError(
+                f"moto {moto.__version__}: S3Response has no {missing}; update "
+                "tests/harness/s3_server.py LOCKED_METHODS or conditional writes are not atomic"
+            )
+        for name in LOCKED_METHODS:
+            original = getattr(S3Response, name)
+            if getattr(original, _MARK, False):
+                continue
+            setattr(S3Response, name, _locked(original))
+
+
+def _locked(method: Any) -> Any:
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _bypass:
+            return method(*args, **kwargs)
+        with moto_write_lock:
+            return method(*args, **kwargs)
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+@contextlib.contextmanager
+def moto_write_lock_bypassed() -> Iterator[None]:
+    """Only for the test that shows moto is racy without the lock. Process-wide."""
+    global _bypass
+    _bypass = True
+    try:
+        yield
+    finally:
+        _bypass = False
+
+
+def new_bucket_name(prefix: str = "sstest") -> str:
+    """A unique, valid bucket name."""
+    return f"{prefix}-{uuid.uuid4().hex[:20]}"
+
+
+def s3_client(
+    endpoint_url: str | None,
+    *,
+    region: str = "us-east-1",
+    access_key_id: str | None = "testing",
+    secret_access_key: str | None = "testing",
+    attempts: int = 1,
+    connect_timeout: float = 5.0,
+    read_timeout: float = 15.0,
+    max_pool_connections: int = 32,
+    **config: Any,
+) -> Any:
+    """A real boto3 S3 client: path-style, ``attempts`` total attempts (default 1: no hidden
+    botocore retries), checksums only when required (as the store does). Pass
+    ``access_key_id=None`` to use the environment's credentials."""
+    import boto3
+    from botocore.config import Config
+
+    botocore_config = Config(
+        region_name=region,
+        s3={"addressing_style": "path"},
+        retries={"total_max_attempts": attempts, "mode": "standard"},
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_pool_connections=max_pool_connections,
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        **config,
+    )
+    creds: dict[str, Any] = {}
+    if access_key_id is not None:
+        creds = {"aws_access_key_id": access_key_id, "aws_secret_access_key": secret_access_key}
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint_url, region_name=region, config=botocore_config, **creds
+    )
+
+
+class S3Server:
+    """A moto S3 server on ``host`` (port 0: a free one). Context manager."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, region: str = "us-east-1") -> None:
+        self.host = host
+        self.port = port
+        self.region = region
+        self._server: Any = None
+
+    @property
+    def endpoint_url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("start() the S3 server first")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    def start(self) -> S3Server:
+        if self._server is not None:
+            return self
+        install_moto_write_lock()
+        from moto.server import ThreadedMotoServer
+
+        # werkzeug logs one line per request to stderr unless its logger has a level: keep
+        # warnings and errors only (configure the "werkzeug" logger first to see requests)
+        werkzeug_logger = logging.getLogger("werkzeug")
+        if werkzeug_logger.level == logging.NOTSET:
+            werkzeug_logger.setLevel(logging.WARNING)
+
+        server = ThreadedMotoServer(ip_address=self.host, port=self.port, verbose=False)
+        server.start()  # returns once the socket is bound and listening
+        self._server = server
+        self.port = server.get_host_and_port()[1]
+        return self
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.stop()
+        inner = getattr(server, "_server", None)  # werkzeug server: stop() leaves it bound
+        if inner is not None:
+            inner.server_close()
+
+    def __enter__(self) -> S3Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def client(self, endpoint_url: str | None = None, **kwargs: Any) -> Any:
+        """A boto3 client (dummy credentials, path-style; see :func:`s3_client`)."""
+        kwargs.setdefault("region", self.region)
+        return s3_client(endpoint_url or self.endpoint_url, **kwargs)
+
+    def create_bucket(self, name: str | None = None) -> str:
+        name = name or new_bucket_name()
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def url_for(self, bucket: str, prefix: str = "", endpoint_url: str | None = None) -> str:
+        """The store's URL form: ``s3://BUCKET/PREFIX?endpoint=...&region=...``."""
+        return s3_url(bucket, prefix, endpoint_url or self.endpoint_url, self.region)
+
+    def reset(self) -> None:
+        """Wipe all moto state (every bucket of every test): ``POST /moto-api/reset``."""
+        req = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            resp.read()
+
+
+def s3_url(bucket: str, prefix: str, endpoint_url: str, region: str | None = "us-east-1") -> str:
+    path = f"/{urllib.parse.quote(prefix.strip('/'))}" if prefix.strip("/") else ""
+    query = {"endpoint": endpoint_url}
+    if region:
+        query["region"] = region
+    return f"s3://{bucket}{path}?{urllib.parse.urlencode(query, safe=':/')}"
