@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar, cast
 
 import orjson
 import redis
@@ -280,6 +280,14 @@ class Coordinator:
         score = when_ms if when_ms is not None else int(time.time() * 1000)
         self._call(lambda: self.client.zadd(self.keys.sessions, {sid: score}), retry=False)
 
+    def session_index(self) -> dict[str, int]:
+        """Session id -> last update (ms), as far as Redis knows."""
+        pairs = self._call(
+            lambda: self.client.zrange(self.keys.sessions, 0, -1, withscores=True), retry=False
+        )
+        # redis-py types zrange loosely; with withscores=True it yields (member, score) pairs.
+        return {_s(pair[0]): int(pair[1]) for pair in cast(list[tuple[bytes, float]], pairs)}
+
     def drop_session_from_index(self, sid: str) -> None:
         self._call(lambda: self.client.zrem(self.keys.sessions, sid), retry=False)
 
@@ -295,7 +303,7 @@ class Coordinator:
         return self._call(go, retry=False)
 
     def subscribe(self, sid: str) -> Any:
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         self._call(lambda: pubsub.subscribe(self.keys.changes(sid)))
         return pubsub
 

@@ -738,12 +738,10 @@ class SessionStore:
         """Every session in the object store (the truth), with Redis's last-update hint."""
         out: list[SessionInfo] = []
         sids = list(self.objects.list_dirs(self.layout.sessions_prefix))
-        updated: dict[str, int] = {}
         try:
-            pairs = self.coord.client.zrange(self.coord.keys.sessions, 0, -1, withscores=True)
-            updated = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in pairs}
-        except Exception:
-            updated = {}
+            updated = self.coord.session_index()
+        except BackendError:
+            updated = {}  # an index, not the truth: the listing stands without it
         for sid in sids:
             try:
                 header = self._read_header(sid)

@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 from urllib.parse import parse_qs, unquote, urlparse
 
 import orjson
@@ -116,7 +116,7 @@ class ObjectStore(ABC):
     @abstractmethod
     def delete(self, key: str) -> None: ...
 
-    def delete_many(self, keys: list[str]) -> None:
+    def delete_many(self, keys: Sequence[str]) -> None:
         for key in keys:
             self.delete(key)
 
@@ -549,7 +549,7 @@ class S3ObjectStore(ObjectStore):
                 return
             raise err from exc
 
-    def delete_many(self, keys: list[str]) -> None:
+    def delete_many(self, keys: Sequence[str]) -> None:
         for i in range(0, len(keys), 1000):
             chunk = keys[i : i + 1000]
             self._count("delete")
