@@ -174,7 +174,11 @@ class Coordinator:
         *,
         size: int = 0,
         notify: dict[str, Any] | None = None,
+        touch_index: bool = False,
     ) -> CommitResult:
+        """COMMIT segment from_seq+1. ``touch_index`` also bumps the session in the session
+        index, in the same round trip (a pipeline: the index is in another hash slot, so it
+        cannot be inside the script; its failure never fails the commit)."""
         new_seq = from_seq + 1
         args: list[Any] = [inc, from_seq, ids[-1], len(ids)]
         tag = f"{new_seq}:"
@@ -188,7 +192,10 @@ class Coordinator:
         args.append(orjson.dumps(payload))
         args.append(size)
         keys = [self.keys.tail(sid), self.keys.ids(sid)]
-        res = self._call(lambda: self._commit(keys=keys, args=args))
+        if touch_index:
+            res = self._call(lambda: self._commit_and_touch(sid, keys, args))
+        else:
+            res = self._call(lambda: self._commit(keys=keys, args=args))
         code = _s(res[0])
         if code == "INCARNATION":
             return CommitResult(code, inc=_s(res[1]))
@@ -197,6 +204,18 @@ class Coordinator:
         if code == "OK":
             return CommitResult(code, seq=int(res[1]), pending_segments=int(res[2]), pending_bytes=int(res[3]))
         return CommitResult(code, seq=int(res[1]))
+
+    def _commit_and_touch(self, sid: str, keys: list[str], args: list[Any]) -> Any:
+        pipe = self.client.pipeline(transaction=False)
+        # EVALSHA by hand: redis-py's Script in a pipeline asks SCRIPT EXISTS first, every time.
+        pipe.evalsha(self._commit.sha, len(keys), *keys, *args)
+        pipe.zadd(self.keys.sessions, {sid: int(time.time() * 1000)})
+        first, _touched = pipe.execute(raise_on_error=False)
+        if isinstance(first, redis.exceptions.NoScriptError):
+            return self._commit(keys=keys, args=args)  # loads the script, runs it once
+        if isinstance(first, Exception):
+            raise first
+        return first
 
     def compacted(self, sid: str, inc: str, segments: int, size: int) -> None:
         """Subtract what a new manifest merged from the session's pending counters."""

@@ -435,7 +435,7 @@ class SessionStore:
     def _commit_after_put(self, sid: str, header: Header, n: int, batch: PreparedBatch) -> None:
         try:
             res = self.coord.commit(
-                sid, header.incarnation, n, batch.ids, batch.hashes, size=len(batch.body)
+                sid, header.incarnation, n, batch.ids, batch.hashes, size=len(batch.body), touch_index=True
             )
             if res.code in ("HYDRATE", "BEHIND", "INCARNATION"):
                 # Redis lost or changed the state since CHECK. The segment is durable; the
@@ -454,7 +454,6 @@ class SessionStore:
     def _after_commit(self, sid: str, header: Header, seq: int, res: CommitResult) -> None:
         # Separate commands: the job queue and the index live in other hash slots.
         try:
-            self.coord.touch_session(sid)
             if res.code != "OK":
                 return
             opts = self.options

@@ -58,16 +58,59 @@ class EmbeddedRedis:
         return f"unix://{self.socket}?db=0"
 
     def _alive(self) -> bool:
+        return self._state() == "up"
+
+    def _state(self) -> str:
+        """``up`` (answers PING), ``busy`` (alive but loading its AOF or running a slow
+        script: it will answer), or ``down``."""
         if not self.socket.exists():
-            return False
+            return "down"
         try:
             client = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=1)
             try:
-                return bool(client.ping())
+                return "up" if client.ping() else "down"
             finally:
                 client.close()
+        except redis.exceptions.BusyLoadingError:
+            return "busy"
+        except redis.exceptions.ResponseError as exc:
+            return "busy" if str(exc).startswith(("BUSY", "LOADING")) else "down"
         except redis.exceptions.RedisError:
-            return False
+            return "down"
+
+    def running(self) -> bool:
+        """Whether this directory's redis-server answers."""
+        return self._alive()
+
+    def pid(self) -> int | None:
+        """The pid of this directory's redis-server if that process is alive, else None."""
+        try:
+            pid = int((self.dir / "redis.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            return None  # gone (or no /proc: then we cannot tell, and start a new one)
+        # The pid may have been reused since the server died, even by another redis-server:
+        # ours runs in this directory (redis-server chdirs to its `dir`).
+        if b"redis-server" not in cmdline:
+            return None
+        try:
+            if Path(os.readlink(f"/proc/{pid}/cwd")) != self.dir.resolve():
+                return None
+        except OSError:
+            pass  # no permission to look: the name check has to do
+        return pid
+
+    def _wait_up(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._alive():
+                return True
+            time.sleep(0.05)
+        return False
 
     def ensure_running(self, timeout: float = 15.0) -> str:
         if self._alive():
@@ -77,6 +120,16 @@ class EmbeddedRedis:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self._alive():
                 return self.url
+            # A server that is alive but not answering yet (loading a large AOF, or busy)
+            # must not get a twin: two servers appending to one AOF corrupt it.
+            existing = self.pid()
+            if self._state() == "busy" or existing is not None:
+                if self._wait_up(timeout):
+                    return self.url
+                raise BackendUnavailableError(
+                    f"the embedded redis-server of {self.dir} (pid {existing}) is running but "
+                    "does not answer; stop it or wait for it to finish loading"
+                )
             try:
                 self.socket.unlink()
             except FileNotFoundError:
@@ -129,8 +182,10 @@ class EmbeddedRedis:
             pass  # the server closes the connection as it exits
         finally:
             client.close()
+        # Wait for the process itself, not only its socket: it still writes the AOF after it
+        # closed the socket, and callers may remove the directory next.
         deadline = time.monotonic() + 10
-        while self.socket.exists() and time.monotonic() < deadline:
+        while (self.socket.exists() or self.pid() is not None) and time.monotonic() < deadline:
             time.sleep(0.05)
 
 
