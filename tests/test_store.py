@@ -318,3 +318,20 @@ def test_large_batch_and_many_segments(store: SessionStore) -> None:
     assert len(got) == 2030 and got[-1]["id"] == "s29"
     store.coord.client.flushdb()
     assert store.get_tail("big").entry_count == 2030
+
+
+def test_store_refuses_a_backend_that_ignores_conditional_writes(redis_url: str, redis_prefix: str) -> None:
+    from coordination.redis import Coordinator
+    from store.errors import ConditionalWritesUnsupportedError
+    from test_objects import LyingObjectStore
+
+    coord = Coordinator.from_url(redis_url, prefix=redis_prefix)
+    with pytest.raises(ConditionalWritesUnsupportedError):
+        SessionStore(LyingObjectStore(), coord)
+    # The user may accept the risk explicitly.
+    from store import StoreOptions
+
+    unsafe = SessionStore(LyingObjectStore(), coord, options=StoreOptions(redis_prefix=redis_prefix, allow_unsafe_backend=True))
+    unsafe.create_session("risky")
+    assert unsafe.append_session_entries("risky", [entry("a", None)]).seq == 1
+    unsafe.close()
