@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar, cast
 
 import orjson
 import redis
+import redis.cluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -62,6 +63,24 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _cluster_flag(url: str) -> tuple[str, bool]:
+    """``redis://host:port/0?cluster=true`` (or ``redis+cluster://``) selects Redis Cluster."""
+    from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
+
+    parsed = urlparse(url)
+    scheme = parsed.scheme
+    cluster = False
+    if scheme.endswith("+cluster"):
+        scheme, cluster = scheme[: -len("+cluster")], True
+    query = []
+    for key, value in parse_qsl(parsed.query):
+        if key == "cluster":
+            cluster = cluster or value.lower() in ("1", "true", "yes")
+        else:
+            query.append((key, value))
+    return urlunparse(parsed._replace(scheme=scheme, query=urlencode(query))), cluster
+
+
 def translate_redis_error(exc: Exception) -> Exception:
     if isinstance(exc, (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
         return BackendUnavailableError(f"Redis unavailable: {exc}")
@@ -72,6 +91,8 @@ def translate_redis_error(exc: Exception) -> Exception:
         return BackendRefusedError(f"Redis refused: {msg}")
     if isinstance(exc, redis.exceptions.RedisError):
         return BackendUnavailableError(f"Redis error: {exc}")
+    if isinstance(exc, redis.exceptions.RedisClusterException):
+        return BackendRefusedError(f"Redis Cluster refused: {exc}")
     return exc
 
 
@@ -86,6 +107,7 @@ class Coordinator:
         retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         self.client = client
+        self.cluster = isinstance(client, redis.cluster.RedisCluster)
         self.keys = Keys(prefix)
         self.retry = retry
         self._check = client.register_script(scripts.CHECK)
@@ -105,13 +127,24 @@ class Coordinator:
     ) -> "Coordinator":
         # redis-py's own retries are off: one policy (ours) decides, and it only retries
         # what is safe to resend. Every script is idempotent regardless.
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=30,
-        )
+        url, cluster = _cluster_flag(url)
+        client: Any
+        if cluster:
+            # Every per-session key is hash-tagged {sid}: each script touches one slot.
+            client = redis.cluster.RedisCluster.from_url(
+                url,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=socket_timeout,
+                retry=Retry(NoBackoff(), 0),
+            )
+        else:
+            client = redis.Redis.from_url(
+                url,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=socket_timeout,
+                retry=Retry(NoBackoff(), 0),
+                health_check_interval=30,
+            )
         return cls(client, prefix=prefix, retry=retry)
 
     def close(self) -> None:
@@ -124,7 +157,7 @@ class Coordinator:
         def once() -> T:
             try:
                 return fn()
-            except redis.exceptions.RedisError as exc:
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
                 raise translate_redis_error(exc) from exc
 
         return self.retry.call(once) if retry else once()
@@ -206,6 +239,14 @@ class Coordinator:
         return CommitResult(code, seq=int(res[1]))
 
     def _commit_and_touch(self, sid: str, keys: list[str], args: list[Any]) -> Any:
+        if self.cluster:
+            # redis-py's cluster pipeline refuses EVALSHA: two round trips there.
+            res = self._commit(keys=keys, args=args)
+            try:
+                self.client.zadd(self.keys.sessions, {sid: int(time.time() * 1000)})
+            except redis.exceptions.RedisError as exc:
+                log.warning("session index not updated for %s: %s", sid, exc)
+            return res
         pipe = self.client.pipeline(transaction=False)
         # EVALSHA by hand: redis-py's Script in a pipeline asks SCRIPT EXISTS first, every time.
         pipe.evalsha(self._commit.sha, len(keys), *keys, *args)
