@@ -68,6 +68,8 @@ def _cluster_flag(url: str) -> tuple[str, bool]:
     from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
     parsed = urlparse(url)
+    if "cluster" not in parsed.query and not parsed.scheme.endswith("+cluster"):
+        return url, False  # untouched: urlunparse would mangle unix:///path
     scheme = parsed.scheme
     cluster = False
     if scheme.endswith("+cluster"):

@@ -1,26 +1,54 @@
-"""sessionstore: a multi-writer session store for AI agents over object storage and Redis."""
+"""sessionstore: a multi-writer session store for AI agents over object storage and Redis.
 
-from store.core import SessionData, SessionHandle, SessionStore
+``SessionStore`` and the value types are imported lazily (PEP 562), so that modules the core
+itself depends on (``store.errors``, used by ``coordination``) can be imported first without
+a cycle.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from store.errors import *  # noqa: F401,F403 - the error tree is part of the public API
-from store.records import (
-    EMPTY_TAIL,
-    AppendResult,
-    ForkPoint,
-    Header,
-    SessionInfo,
-    StoreOptions,
-    TailInfo,
-)
 
-__all__ = [
-    "SessionStore",
-    "SessionHandle",
-    "SessionData",
-    "AppendResult",
-    "TailInfo",
-    "SessionInfo",
-    "StoreOptions",
-    "Header",
-    "ForkPoint",
-    "EMPTY_TAIL",
-]
+if TYPE_CHECKING:
+    from store.core import SessionData, SessionHandle, SessionStore
+    from store.manager import SessionManager
+    from store.records import (
+        EMPTY_TAIL,
+        AppendResult,
+        ForkPoint,
+        Header,
+        SessionInfo,
+        StoreOptions,
+        TailInfo,
+    )
+    from store.session import Session
+
+_LAZY = {
+    "SessionStore": "store.core",
+    "SessionHandle": "store.core",
+    "SessionData": "store.core",
+    "SessionManager": "store.manager",
+    "Session": "store.session",
+    "AppendResult": "store.records",
+    "TailInfo": "store.records",
+    "SessionInfo": "store.records",
+    "StoreOptions": "store.records",
+    "Header": "store.records",
+    "ForkPoint": "store.records",
+    "EMPTY_TAIL": "store.records",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'store' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
