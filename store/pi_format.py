@@ -37,7 +37,14 @@ from typing import IO, Any, Final
 import orjson
 
 from store.errors import InvalidEntryError
-from store.session import JS_WHITESPACE, Session, js_trim, validate_entry, _check_acyclic
+from store.session import (
+    JS_WHITESPACE,
+    Session,
+    check_acyclic,
+    js_to_string,
+    js_trim,
+    validate_entry,
+)
 
 __all__ = [
     "PiFile",
@@ -68,8 +75,9 @@ _READ_CHUNK: Final = 1 << 20
 # --- JavaScript numbers ------------------------------------------------------------------------
 
 
-class _NumberError(ValueError):
-    """A number that JavaScript would hold as Infinity (``1e400``): the store refuses it."""
+class _Unholdable(ValueError):
+    """A value JSON.parse accepts but the store refuses: a number JavaScript holds as Infinity
+    (``1e400``) or a string with a lone surrogate (``"\\ud800"``)."""
 
 
 def js_number_to_string(value: float) -> str:
@@ -107,13 +115,19 @@ def js_number_to_string(value: float) -> str:
         out = "0." + "0" * (-n) + digits
     else:
         e = n - 1
-        out = digits[0] + ("." + digits[1:] if k > 1 else "") + "e" + ("+" if e >= 0 else "-") + str(abs(e))
+        out = (
+            digits[0]
+            + ("." + digits[1:] if k > 1 else "")
+            + "e"
+            + ("+" if e >= 0 else "-")
+            + str(abs(e))
+        )
     return sign + out
 
 
 def _canonical_float(value: float) -> int | float:
     if not math.isfinite(value):
-        raise _NumberError(f"number {value!r} is not finite")
+        raise _Unholdable(f"number {value!r} is not finite")
     if value.is_integer():
         if abs(value) <= _MAX_SAFE_INT:
             return int(value)  # also turns -0.0 into 0, as JSON.stringify(-0) === "0"
@@ -128,7 +142,7 @@ def _canonical_int(value: int) -> int | float:
     try:
         as_double = float(value)
     except OverflowError as exc:
-        raise _NumberError("integer too large for a double") from exc
+        raise _Unholdable("integer too large for a double") from exc
     return _canonical_float(as_double)
 
 
@@ -137,7 +151,9 @@ _DIGITS: Final = frozenset("0123456789")
 
 def _is_array_index(key: str) -> bool:
     # A canonical uint32 below 2**32-1: JS objects list such keys first, in numeric order.
-    return key.isdigit() and key.isascii() and (key == "0" or key[0] != "0") and int(key) < 4294967295
+    return (
+        key.isdigit() and key.isascii() and (key == "0" or key[0] != "0") and int(key) < 4294967295
+    )
 
 
 def _js_key_order(obj: dict[str, Any]) -> list[str] | None:
@@ -169,11 +185,15 @@ def _normalize_in_place(root: Any, *, check_surrogates: bool = False) -> Any:
     while stack:
         container = pop()
         if type(container) is dict:
+            digit_key = False
             for key, value in container.items():
+                # Cheap pre-test (two C string comparisons) for keys JS may move to the front.
+                if "0" <= key < ":":
+                    digit_key = True
                 kind = type(value)
                 if kind is str:
                     if check_surrogates and _SURROGATE.search(value):
-                        raise _NumberError("lone surrogate in a string")
+                        raise _Unholdable("lone surrogate in a string")
                 elif kind is dict or kind is list:
                     push(value)
                 elif kind is int:
@@ -182,8 +202,8 @@ def _normalize_in_place(root: Any, *, check_surrogates: bool = False) -> Any:
                 elif kind is float:
                     container[key] = _canonical_float(value)
             if check_surrogates and any(_SURROGATE.search(k) for k in container):
-                raise _NumberError("lone surrogate in a key")
-            order = _js_key_order(container)
+                raise _Unholdable("lone surrogate in a key")
+            order = _js_key_order(container) if digit_key else None
             if order is not None:
                 items = [(k, container[k]) for k in order]
                 container.clear()
@@ -193,7 +213,7 @@ def _normalize_in_place(root: Any, *, check_surrogates: bool = False) -> Any:
                 kind = type(value)
                 if kind is str:
                     if check_surrogates and _SURROGATE.search(value):
-                        raise _NumberError("lone surrogate in a string")
+                        raise _Unholdable("lone surrogate in a string")
                 elif kind is dict or kind is list:
                     push(value)
                 elif kind is int:
@@ -211,7 +231,7 @@ def _normalize_scalar(value: Any, check_surrogates: bool) -> Any:
     if kind is float:
         return _canonical_float(value)
     if kind is str and check_surrogates and _SURROGATE.search(value):
-        raise _NumberError("lone surrogate in a string")
+        raise _Unholdable("lone surrogate in a string")
     return value
 
 
@@ -222,7 +242,7 @@ def normalize_js_value(value: Any) -> Any:
     """
     try:
         return _normalize_in_place(_deep_copy(value), check_surrogates=True)
-    except _NumberError as exc:
+    except _Unholdable as exc:
         raise InvalidEntryError(str(exc)) from exc
 
 
@@ -304,7 +324,7 @@ def _prepare_export(value: Any) -> Any:
         return value
     try:
         fixed = _normalize_in_place(_deep_copy(value), check_surrogates=False)
-    except _NumberError as exc:
+    except _Unholdable as exc:
         raise InvalidEntryError(str(exc)) from exc
     if type(fixed) is not dict and type(fixed) is not list:
         return _export_fragment(fixed)
@@ -348,15 +368,16 @@ def js_to_number(value: Any) -> float:
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, list):
-        from store.session import js_to_string
-
-        return _string_to_number(js_to_string(value))
+        return _string_to_number(js_to_string(value))  # ToPrimitive joins the elements
     if isinstance(value, str):
         return _string_to_number(value)
     return math.nan  # "[object Object]"
 
 
-_DECIMAL_LITERAL = re.compile(r"[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)\Z")
+# StrNumericLiteral (ASCII digits only: Python's float() would also take "١٢" or "1_0").
+_DECIMAL_LITERAL = re.compile(
+    r"[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)\Z", re.ASCII
+)
 _RADIX_LITERAL = re.compile(r"0(?:[xX][0-9a-fA-F]+|[oO][0-7]+|[bB][01]+)\Z")
 
 
@@ -513,8 +534,7 @@ def _iter_items(lines: Iterable[bytes | bytearray | memoryview | str]) -> Iterat
     """Lines from items that are each one or more complete lines (a trailing "\\n" optional)."""
     for item in lines:
         if isinstance(item, str):
-            if item.endswith("\n"):
-                item = item[:-1]
+            item = item.removesuffix("\n")
             if "\n" in item:
                 yield from _iter_split(item, "\n")
             else:
@@ -565,6 +585,7 @@ class _Parser:
         self.value_lines = array("Q")
         self.skipped: list[int] = []
         self.header_state: str | None = None  # None: undecided, "ok", or an empty-reason
+        self.entry_count = 0  # values after the header that are not later headers
         self.seen_nonblank = False
         # A last line that parses only once trailing JS whitespace (NBSP, U+2028, ...) is gone:
         # pi's content.trim() makes that work for the LAST non-blank line only.
@@ -580,8 +601,10 @@ class _Parser:
             self.skipped.append(self.tail[0])
             self.tail = None
         self.seen_nonblank = True
-        stripped = raw.strip(b" \t\r" if isinstance(raw, bytes) else " \t\r")
-        digest_bytes = stripped if isinstance(stripped, bytes) else stripped.encode("utf-8")
+        if isinstance(raw, bytes):
+            digest_bytes = raw.strip(b" \t\r")
+        else:
+            digest_bytes = raw.strip(" \t\r").encode("utf-8")
         return self._accept(lineno, value, digest_bytes, check_surrogates=False)
 
     def _feed_slow(self, lineno: int, raw: bytes | str) -> bool:
@@ -618,7 +641,9 @@ class _Parser:
             self.tail = None
             self._accept(lineno, value, digest_bytes, check_surrogates=True)
 
-    def _accept(self, lineno: int, value: Any, digest_bytes: bytes, *, check_surrogates: bool) -> bool:
+    def _accept(
+        self, lineno: int, value: Any, digest_bytes: bytes, *, check_surrogates: bool
+    ) -> bool:
         if self.header_state is None:
             if value is None:
                 # pi: loadEntriesFromFile reads `header.type` of null and throws a TypeError.
@@ -635,14 +660,15 @@ class _Parser:
             # pi keeps such values as id-less entries (and throws on null): no store can hold them.
             raise InvalidEntryError(
                 f"line {lineno}: {what} where an entry object was expected",
-                index=len(self.values) - 1,
+                index=self.entry_count,
             )
+        elif value.get("type") != "session":
+            self.entry_count += 1
         try:
             _normalize_in_place(value, check_surrogates=check_surrogates)
-        except _NumberError as exc:
-            raise InvalidEntryError(
-                f"line {lineno}: {exc}", index=len(self.values) - 1
-            ) from exc
+        except _Unholdable as exc:
+            index = self.entry_count - 1 if len(self.values) else None
+            raise InvalidEntryError(f"line {lineno}: {exc}", index=index) from exc
         self.hasher.update(digest_bytes)
         self.hasher.update(b"\n")
         self.values.append(value)
@@ -717,9 +743,7 @@ def _migrate_v1_to_v2(values: list[dict[str, Any]], content_hash: bytes) -> None
                 # entries[index] counts every parsed value, header included; JS gives undefined
                 # for a fractional, negative or out-of-range index.
                 target = (
-                    values[int(index)]
-                    if float(index).is_integer() and 0 <= index < count
-                    else None
+                    values[int(index)] if float(index).is_integer() and 0 <= index < count else None
                 )
                 if target is not None and target.get("type") != "session":
                     # The target's id "as of that moment": minted if it came earlier, its old
@@ -730,10 +754,6 @@ def _migrate_v1_to_v2(values: list[dict[str, Any]], content_hash: bytes) -> None
                     else:
                         value["firstKeptEntryId"] = target_id
                 del value["firstKeptEntryIndex"]
-
-
-def _canonical_bytes(value: Any) -> bytes:
-    return dumps_js(value)
 
 
 def parse_pi_lines(lines: Iterable[bytes | bytearray | memoryview | str]) -> PiFile:
@@ -759,7 +779,8 @@ def read_pi_file(
     """
     if isinstance(source, os.PathLike) or (isinstance(source, str) and _looks_like_path(source)):
         with open(source, "rb") as handle:
-            return _parse(_iter_items(handle))
+            # Binary file iteration splits on b"\n" only: each line is complete.
+            return _parse(line[:-1] if line.endswith(b"\n") else line for line in handle)
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         return _parse(_iter_split(data, b"\n"))
@@ -776,8 +797,7 @@ def _looks_like_path(text: str) -> bool:
 
 def _parse(raw_lines: Iterable[bytes | str]) -> PiFile:
     parser = _Parser()
-    lineno = 0
-    for lineno, raw in enumerate(raw_lines, 1):  # noqa: B007 - lineno used after the loop
+    for lineno, raw in enumerate(raw_lines, 1):
         if not parser.feed(lineno, raw):
             break
     else:
@@ -821,7 +841,7 @@ def _parse(raw_lines: Iterable[bytes | str]) -> PiFile:
         earlier = position_by_id.get(entry_id)
         last_was_collapsed = earlier is not None
         if earlier is not None:
-            if _canonical_bytes(entries[earlier]) == _canonical_bytes(value):
+            if dumps_js(entries[earlier]) == dumps_js(value):
                 # pi's re-append quirk writes the same entries again: keep one copy.
                 collapsed.append(line)
                 continue
@@ -846,7 +866,7 @@ def _parse(raw_lines: Iterable[bytes | str]) -> PiFile:
 
     by_id = {entry["id"]: entry for entry in entries}
     try:
-        _check_acyclic(by_id, entries)
+        check_acyclic(by_id, entries)
     except InvalidEntryError as exc:
         line = entry_lines[exc.index] if exc.index is not None else 0
         raise InvalidEntryError(
@@ -875,7 +895,9 @@ def _strip_where(exc: InvalidEntryError) -> str:
 # --- writing -----------------------------------------------------------------------------------
 
 
-def export_pi_bytes(header: Mapping[str, Any], entries: Iterable[Mapping[str, Any]]) -> Iterator[bytes]:
+def export_pi_bytes(
+    header: Mapping[str, Any], entries: Iterable[Mapping[str, Any]]
+) -> Iterator[bytes]:
     """A v3 pi file as pi writes it: one ``JSON.stringify`` line per value, ``\\n``-terminated,
     header first. Raises :class:`InvalidEntryError` for values JSON cannot hold."""
     if not isinstance(header, Mapping):
@@ -888,7 +910,9 @@ def export_pi_bytes(header: Mapping[str, Any], entries: Iterable[Mapping[str, An
             raise InvalidEntryError(str(exc), index=index, entry_id=_entry_id(entry)) from None
 
 
-def export_pi_lines(header: Mapping[str, Any], entries: Iterable[Mapping[str, Any]]) -> Iterator[str]:
+def export_pi_lines(
+    header: Mapping[str, Any], entries: Iterable[Mapping[str, Any]]
+) -> Iterator[str]:
     """:func:`export_pi_bytes` as ``str`` lines (each ending in ``\\n``)."""
     for line in export_pi_bytes(header, entries):
         yield line.decode("utf-8")
@@ -896,4 +920,3 @@ def export_pi_lines(header: Mapping[str, Any], entries: Iterable[Mapping[str, An
 
 def _entry_id(entry: Any) -> Any:
     return entry.get("id") if isinstance(entry, Mapping) else None
-

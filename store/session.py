@@ -24,7 +24,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from store.errors import EntryNotFoundError, InvalidEntryError, InvalidInputError
 
@@ -35,6 +35,8 @@ __all__ = [
     "TreeNode",
     "branch_path",
     "build_session_context",
+    "check_acyclic",
+    "is_tombstone",
     "js_date_ms",
     "js_to_string",
     "js_trim",
@@ -73,7 +75,7 @@ def js_truthy(value: Any) -> bool:
     if value is True or value is False:
         return bool(value)
     if isinstance(value, (int, float)):
-        return value == value and value != 0
+        return value != 0 and not math.isnan(value)
     if isinstance(value, str):
         return value != ""
     return True
@@ -99,6 +101,8 @@ def js_to_string(value: Any) -> str:
     if isinstance(value, int):
         return _js_number_to_string(float(value)) if abs(value) > 2**53 else str(value)
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
         return _js_number_to_string(value)
     if isinstance(value, (list, tuple)):
         # Array.prototype.join: null and undefined elements become "".
@@ -112,7 +116,7 @@ _MS_PER_DAY: Final = 86_400_000
 _MAX_TIME: Final = 8.64e15
 
 # The canonical toISOString() shape: almost every timestamp pi writes, so it gets a fast path.
-_ISO_FAST = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{3})Z\Z")
+_ISO_FAST = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{3})Z\Z", re.ASCII)
 
 # V8's ES5 date-time parser (DateParser::ParseES5DateTime): YYYY or ±YYYYYY, optional -MM and
 # -DD, optional THH:mm[:ss[.fraction]] and Z or ±hh:mm / ±hhmm. Keywords are case-insensitive.
@@ -127,7 +131,7 @@ _ISO_FULL = re.compile(
     )?
     \Z
     """,
-    re.VERBOSE,
+    re.VERBOSE | re.ASCII,  # \d must not match non-ASCII digits, which V8 rejects
 )
 
 
@@ -214,6 +218,8 @@ def js_date_ms(value: Any = _MISSING) -> int | None:
         return 0
     if value is True or value is False:
         return int(value)
+    if isinstance(value, int) and abs(value) > _MAX_TIME:
+        return None  # beyond TimeClip's range (and perhaps beyond a double)
     if isinstance(value, (int, float)):
         return _time_clip(float(value))
     if isinstance(value, str):
@@ -262,6 +268,10 @@ def validate_entry(entry: Any, index: int | None = None) -> None:
         raise InvalidEntryError(
             "a session header cannot be stored as an entry", index=index, entry_id=entry_id
         )
+    if is_tombstone(entry):
+        # A redacted entry whose content is gone (a compacted base): it keeps its type but none
+        # of the fields that type needs, and the model gives it no effect at all.
+        return
     if entry_type == "message" and not isinstance(entry.get("message"), dict):
         # pi's buildSessionContext reads entry.message.role and throws on null/undefined.
         raise InvalidEntryError(
@@ -292,7 +302,9 @@ def validate_entry(entry: Any, index: int | None = None) -> None:
             )
 
 
-def _check_acyclic(by_id: Mapping[str, Mapping[str, Any]], order: Sequence[Mapping[str, Any]]) -> None:
+def check_acyclic(
+    by_id: Mapping[str, Mapping[str, Any]], order: Sequence[Mapping[str, Any]]
+) -> None:
     """Refuse parentId cycles (pi loops forever walking one; a self-parent is a cycle of one)."""
     # Each entry has at most one parent, so following parents from every entry once, and
     # remembering which entries are known to reach a root, is linear overall.
@@ -321,7 +333,9 @@ def _check_acyclic(by_id: Mapping[str, Mapping[str, Any]], order: Sequence[Mappi
 # --- walks and context -------------------------------------------------------------------------
 
 
-def branch_path(by_id: Mapping[str, Mapping[str, Any]], leaf_id: str | None) -> list[Mapping[str, Any]]:
+def branch_path(
+    by_id: Mapping[str, Mapping[str, Any]], leaf_id: str | None
+) -> list[Mapping[str, Any]]:
     """The entries from the root down to ``leaf_id`` (``getBranch``), root first.
 
     Follows ``parentId`` while it is truthy and known, exactly like pi; an unknown or falsy
@@ -353,7 +367,9 @@ def _timestamp_ms(entry: Mapping[str, Any]) -> int | None:
     return js_date_ms(entry.get("timestamp", _MISSING))
 
 
-def _set_present(target: dict[str, Any], key: str, source: Mapping[str, Any], source_key: str) -> None:
+def _set_present(
+    target: dict[str, Any], key: str, source: Mapping[str, Any], source_key: str
+) -> None:
     # `undefined` properties vanish from JSON, so a missing source field must leave no key.
     value = source.get(source_key, _MISSING)
     if value is not _MISSING:
@@ -407,7 +423,12 @@ def build_session_context(
             _set_present(model, "provider", entry, "provider")
             _set_present(model, "modelId", entry, "modelId")
         elif entry_type == "message":
-            message = entry["message"]
+            message = entry.get("message")
+            if not isinstance(message, dict):
+                # pi throws a TypeError here (validate_entry keeps such entries out of sessions).
+                raise InvalidEntryError(
+                    "a message entry needs a `message` object", entry_id=entry.get("id")
+                )
             if message.get("role") == "assistant":
                 model = {}
                 _set_present(model, "provider", message, "provider")
@@ -440,8 +461,8 @@ def build_session_context(
         for entry in path[:compaction_index]:
             # Strict equality: a missing or non-string firstKeptEntryId matches nothing, and
             # then nothing before the compaction is kept.
-            if not found and first_kept is not _MISSING and entry.get("id") == first_kept:
-                found = isinstance(first_kept, str)
+            if not found and isinstance(first_kept, str) and entry.get("id") == first_kept:
+                found = True
             if found:
                 emit(entry)
         for entry in path[compaction_index + 1 :]:
@@ -462,6 +483,22 @@ def redaction_tombstone(entry: Mapping[str, Any], redaction: Mapping[str, Any]) 
     tombstone: Entry = {key: entry[key] for key in _TOMBSTONE_KEYS if key in entry}
     tombstone["redacted"] = {"reason": redaction["reason"], "redactionId": redaction["id"]}
     return tombstone
+
+
+def is_tombstone(entry: Mapping[str, Any]) -> bool:
+    """Whether ``entry`` is a stored tombstone (the compactor writes them into bases).
+
+    Only the exact shape :func:`redaction_tombstone` produces counts, so that an ordinary entry
+    that happens to carry a ``redacted`` field is not mistaken for one.
+    """
+    marker = entry.get("redacted")
+    return (
+        isinstance(marker, dict)
+        and isinstance(marker.get("reason"), str)
+        and isinstance(marker.get("redactionId"), str)
+        and len(marker) == 2
+        and all(key in _TOMBSTONE_KEYS or key == "redacted" for key in entry)
+    )
 
 
 # --- the snapshot ------------------------------------------------------------------------------
@@ -516,6 +553,8 @@ class Session:
     name. The redaction entry itself behaves like any unknown entry type (like a label: a tree
     node that emits nothing). A redaction whose target is unknown, or is itself a redaction,
     has no effect; the earliest redaction of an entry is the one reported in its tombstone.
+    Entries that are stored as tombstones already (the compactor purges redacted content
+    from bases) are recognised by their exact shape (:func:`is_tombstone`) and behave the same.
 
     Returned entries and messages are the snapshot's own dicts: treat them as read-only.
 
@@ -525,14 +564,14 @@ class Session:
     """
 
     __slots__ = (
-        "_header",
-        "_entries",
         "_by_id",
-        "_redacted",
-        "_labels",
-        "_label_timestamps",
         "_children",
+        "_entries",
+        "_header",
+        "_label_timestamps",
+        "_labels",
         "_name",
+        "_redacted",
     )
 
     _header: Entry
@@ -551,7 +590,7 @@ class Session:
         by_id: dict[str, Entry] = {}
         for index, entry in enumerate(entries):
             validate_entry(entry, index)
-            assert isinstance(entry, dict)
+            entry = cast(Entry, entry)  # validate_entry admits dicts only
             entry_id = entry["id"]
             if entry_id in by_id:
                 raise InvalidEntryError(
@@ -561,16 +600,21 @@ class Session:
                 )
             by_id[entry_id] = entry
             raw.append(entry)
-        _check_acyclic(by_id, raw)
+        check_acyclic(by_id, raw)
 
-        # Redactions apply whatever their position relative to the target.
+        # Redactions apply whatever their position relative to the target. Tombstones already
+        # stored as such (compacted bases) are redacted entries too, whether or not their
+        # redaction is still around; recomputing one from its redaction gives the same dict.
         redactions: dict[str, Entry] = {}
+        stored_tombstones: set[str] = set()
         for entry in raw:
-            if entry.get("type") == REDACTION_TYPE:
+            if entry.get("type") == REDACTION_TYPE and not is_tombstone(entry):
                 target = by_id.get(entry["targetId"])
                 if target is None or target.get("type") == REDACTION_TYPE:
                     continue
                 redactions.setdefault(entry["targetId"], entry)
+            elif "redacted" in entry and is_tombstone(entry):
+                stored_tombstones.add(entry["id"])
         if redactions:
             view = [
                 redaction_tombstone(e, redactions[e["id"]]) if e["id"] in redactions else e
@@ -579,6 +623,7 @@ class Session:
             by_id = {e["id"]: e for e in view}
         else:
             view = raw
+        redacted = frozenset(redactions).union(stored_tombstones)
 
         # Labels (SPEC §5): file order, truthiness decides set vs delete; a delete followed by
         # a set moves the key to the end, like a JS Map.
@@ -590,7 +635,7 @@ class Session:
             parent_id = entry.get("parentId", _MISSING)
             if parent_id is not _MISSING:
                 children.setdefault(parent_id, []).append(entry)
-            if entry["id"] in redactions:
+            if entry["id"] in redacted:
                 continue
             entry_type = entry.get("type")
             if entry_type == "label":
@@ -614,7 +659,7 @@ class Session:
         self._header = dict(header)
         self._entries = tuple(view)
         self._by_id = by_id
-        self._redacted = frozenset(redactions)
+        self._redacted = redacted
         self._labels = labels
         self._label_timestamps = label_timestamps
         self._children = children
@@ -647,7 +692,9 @@ class Session:
         return entry_id in self._by_id
 
     def __repr__(self) -> str:
-        return f"Session(id={self.session_id!r}, entries={len(self._entries)}, leaf={self.leaf_id!r})"
+        return (
+            f"Session(id={self.session_id!r}, entries={len(self._entries)}, leaf={self.leaf_id!r})"
+        )
 
     @property
     def leaf_id(self) -> str | None:
