@@ -1,0 +1,214 @@
+"""``python -m benchmarks``: run every scenario, print the table, write JSON and a plot."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from benchmarks.backends import (
+    Backend,
+    start_embedded_backend,
+    start_external_backend,
+    start_moto_backend,
+)
+from benchmarks.context import Context, Params
+from benchmarks.results import (
+    Results,
+    git_revision,
+    loadavg,
+    machine_info,
+    now_iso,
+    table_markdown,
+    table_text,
+    to_json,
+    write_files,
+)
+
+SCENARIOS = ("append", "writers", "resume", "compaction", "curve", "local")
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Benchmarks of the session store, each against a floor measured in the same run.",
+    )
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--embedded", action="store_true", help="file:// store + embedded Redis (the no-config default)")
+    where.add_argument("--objects", metavar="URL", help="object store URL (s3://bucket/prefix?endpoint=... or file:///dir); needs --redis")
+    ap.add_argument("--redis", metavar="URL", help="Redis URL (with --objects)")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--smoke", action="store_true", help="tiny sizes, for CI: checks that every figure is produced")
+    size.add_argument("--full", action="store_true", help="bigger sizes: 100k-entry resume, more rounds")
+    ap.add_argument("--writers", type=int, help="writer processes for throughput and contention (default 4, smoke 2)")
+    ap.add_argument("--only", metavar="NAMES", help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where results go (default benchmarks/results/)")
+    ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    ap.add_argument("--profile", action="store_true", help="also cProfile appends and resumes (results/profile-*.txt)")
+    ap.add_argument("--keep", action="store_true", help="leave the run's objects and keys behind")
+    args = ap.parse_args(argv)
+    if args.objects and not args.redis:
+        ap.error("--objects needs --redis")
+    if args.redis and not args.objects:
+        ap.error("--redis needs --objects")
+    return args
+
+
+def _backend(args: argparse.Namespace, run_id: str) -> Backend:
+    if args.embedded:
+        return start_embedded_backend(run_id)
+    if args.objects:
+        return start_external_backend(run_id, args.objects, args.redis)
+    return start_moto_backend(run_id)
+
+
+def expected_figures(params: dict[str, Any], compaction: bool) -> list[str]:
+    """Every figure a complete run produces (the smoke test checks them all)."""
+    names: list[str] = []
+    for size in params["append_batches"]:
+        pre = f"append.b{size}"
+        names += [f"{pre}.{k}" for k in (
+            "store.p50_ms", "store.p99_ms", "floor.p50_ms", "floor.p99_ms", "ratio_p50",
+            "ratio_p50_ci_lo", "ratio_p50_ci_hi", "ratio_p99", "object_requests_per_append",
+            "redis_commands_per_append",
+        )]
+    names += ["throughput.store.appends_per_s", "throughput.floor.puts_per_s", "throughput.ratio"]
+    names += [
+        "contention.store.appends_per_s", "contention.floor.segments_per_s", "contention.ratio",
+        "contention.retries_per_append", "contention.lost",
+    ]
+    states = ("uncompacted", "compacted") if compaction else ("uncompacted",)
+    for n in params["resume_sizes"]:
+        for state in states:
+            pre = f"resume.{n}.{state}"
+            names += [f"{pre}.{k}" for k in ("store_ms", "store_load_ms", "store_context_ms", "floor_ms", "ratio")]
+        if compaction:
+            names += [f"compaction.{n}.{k}" for k in ("store_ms", "floor_ms", "ratio", "segments_per_s", "mb_per_s")]
+    curve = sorted(set(params["resume_sizes"]) | set(params["curve_small_sizes"]))
+    for n in curve:
+        names += [f"curve.{n}.{k}" for k in ("store_append_ms", "naive_append_ms", "floor_ms", "naive_resume_ms")]
+    names += ["local.append.p50_ms", "local.append_fsync.p50_ms"]
+    names += [f"local.{n}.resume_ms" for n in params["resume_sizes"]]
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    params = Params.smoke() if args.smoke else Params.full() if args.full else Params()
+    if args.writers:
+        params.writers = args.writers
+    only = set(SCENARIOS if not args.only else [s.strip() for s in args.only.split(",") if s.strip()])
+    unknown = only - set(SCENARIOS)
+    if unknown:
+        print(f"unknown scenario(s): {', '.join(sorted(unknown))}; choose from {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    started = now_iso()
+    load_start = loadavg()
+    t_start = time.perf_counter()
+    results = Results()
+    print(f"sessionstore benchmarks, run {run_id} ({params.profile})", file=sys.stderr)
+    backend = _backend(args, run_id)
+    ctx = Context(backend=backend, params=params, results=results, run_id=run_id)
+    ctx.log(f"backend: {backend.description}")
+
+    from benchmarks.scenarios import append, compaction, curve, local, resume, writers
+
+    compaction_api = compaction.find()
+    steps: list[tuple[str, Callable[[], None]]] = []
+    if "append" in only:
+        steps.append(("append", lambda: append.run(ctx)))
+    if "writers" in only:
+        steps.append(("writers", lambda: writers.run(ctx)))
+    needs_sessions = bool(only & {"resume", "compaction", "curve"})
+    if needs_sessions:
+        steps.append(("resume_setup", lambda: resume.setup(ctx)))
+    if "resume" in only:
+        steps.append(("resume_uncompacted", lambda: resume.measure(ctx, "uncompacted")))
+    compacted = False
+    if compaction_api.available and only & {"compaction", "resume"}:
+        steps.append(("compaction", lambda: compaction.run(ctx, compaction_api)))
+        compacted = True
+        if "resume" in only:
+            steps.append(("resume_compacted", lambda: resume.measure(ctx, "compacted")))
+    elif not compaction_api.available:
+        results.notes.append(f"compaction not measured: {compaction_api.reason}")
+        ctx.log(f"compaction skipped: {compaction_api.reason}")
+    if "curve" in only:
+        steps.append(("curve", lambda: curve.run(ctx)))
+    if "local" in only:
+        steps.append(("local", lambda: local.run(ctx)))
+
+    status = 0
+    try:
+        for name, fn in steps:
+            t0 = time.perf_counter()
+            fn()
+            results.timings[name] = round(time.perf_counter() - t0, 2)
+        if args.profile:
+            from benchmarks import profiling
+
+            t0 = time.perf_counter()
+            profiling.run(ctx, args.out)
+            results.timings["profile"] = round(time.perf_counter() - t0, 2)
+    except BaseException:
+        status = 1
+        raise
+    finally:
+        backend.close(keep=args.keep)
+        duration = time.perf_counter() - t_start
+        meta = {
+            "run_id": run_id,
+            "command": "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+            "started_at": started,
+            "duration_s": round(duration, 1),
+            "complete": status == 0,
+            "machine": machine_info(),
+            "loadavg_start": load_start,
+            "loadavg_end": loadavg(),
+            "versions": backend.versions,
+            "git": git_revision(),
+            "backend": {"kind": backend.kind, "description": backend.description},
+            "params": params.to_json(),
+            "scenarios": sorted(only),
+            "compaction_api": compaction_api.description,
+            "expected_figures": expected_figures(params.to_json(), compacted) if only == set(SCENARIOS) else [],
+        }
+        plot_note: str | None = "not drawn (--no-plot or an incomplete run)"
+        png = args.out / f"{run_id}.png"
+        if status == 0 and not args.no_plot:
+            from benchmarks import plot
+
+            data = to_json(results, meta)
+            plot_note = plot.draw(data, png)
+        meta["plot"] = str(png) if plot_note is None else None
+        if plot_note is not None:
+            meta["plot_note"] = plot_note
+        data = to_json(results, meta)
+        paths = write_files(args.out, run_id, data, table_markdown(results))
+        if plot_note is None:
+            (args.out / "latest.png").write_bytes(png.read_bytes())
+            paths["png"] = png
+        if status == 0:
+            if plot_note is not None:
+                print(f"no plot: {plot_note}", file=sys.stderr)
+            print()
+            print(table_text(results))
+            print()
+            for t in results.targets:
+                state = {True: "met", False: "NOT MET", None: "n/a"}[t.met]
+                value = "-" if t.value is None or math.isnan(t.value) else f"{t.value:.3g}"
+                print(f"target {t.name}: {value} -> {state}")
+            for note in results.notes:
+                print(f"note: {note}")
+            print(f"\n{len(results.figures)} figures in {duration:.0f} s; loadavg {meta['loadavg_start']} -> {meta['loadavg_end']}")
+            for kind, path in paths.items():
+                print(f"{kind}: {path}")
+    return status

@@ -1,0 +1,95 @@
+"""Sizes of a run (smoke, default, full) and what every scenario is handed."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from benchmarks.backends import Backend
+from benchmarks.results import Results
+
+
+@dataclass
+class Params:
+    profile: str = "default"  # smoke | default | full
+    #: Append latency: interleaved rounds (one store append + one floor op each) per batch size.
+    append_rounds: int = 120
+    append_warmup: int = 20
+    append_batches: tuple[int, ...] = (1, 10)
+    #: Open-loop schedule: slot interval = this x the mean of the store's and the floor's
+    #: median warm-up latency (about 1/3 utilisation).
+    open_loop_slack: float = 3.0
+    #: Throughput and contention: writer processes and timed phases.
+    writers: int = 4
+    sessions_per_writer: int = 8
+    phase_s: float = 4.0
+    phases: int = 2
+    #: Resume sizes (entries) and entries per segment for each (the uncompacted shape).
+    resume_sizes: tuple[int, ...] = (1_000, 10_000)
+    resume_segment: dict[int, int] = field(default_factory=lambda: {1_000: 10, 10_000: 10, 100_000: 100})
+    resume_reps: dict[int, int] = field(default_factory=lambda: {1_000: 7, 10_000: 3, 100_000: 2})
+    compacted_reps: dict[int, int] = field(default_factory=lambda: {1_000: 15, 10_000: 11, 100_000: 3})
+    #: Naive baseline and append-cost-vs-size curve: extra small sizes, appends per size.
+    curve_small_sizes: tuple[int, ...] = (10, 100)
+    curve_appends: int = 8
+    curve_appends_large: int = 4
+    #: Local file reference.
+    local_appends: int = 200
+    seed: int = 1
+
+    @classmethod
+    def smoke(cls) -> "Params":
+        return cls(
+            profile="smoke",
+            append_rounds=6,
+            append_warmup=3,
+            writers=2,
+            sessions_per_writer=2,
+            phase_s=0.6,
+            phases=1,
+            resume_sizes=(60, 200),
+            resume_segment={60: 10, 200: 10},
+            resume_reps={60: 2, 200: 2},
+            compacted_reps={60: 2, 200: 2},
+            curve_small_sizes=(10,),
+            curve_appends=2,
+            curve_appends_large=2,
+            local_appends=10,
+        )
+
+    @classmethod
+    def full(cls) -> "Params":
+        return cls(
+            profile="full",
+            append_rounds=300,
+            phases=3,
+            resume_sizes=(1_000, 10_000, 100_000),
+        )
+
+    @property
+    def curve_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.curve_small_sizes) | set(self.resume_sizes)))
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["resume_segment"] = {str(k): v for k, v in self.resume_segment.items() if k in self.resume_sizes}
+        d["resume_reps"] = {str(k): v for k, v in self.resume_reps.items() if k in self.resume_sizes}
+        d["compacted_reps"] = {str(k): v for k, v in self.compacted_reps.items() if k in self.resume_sizes}
+        return d
+
+
+@dataclass
+class Context:
+    backend: Backend
+    params: Params
+    results: Results
+    run_id: str
+    #: Sessions built by the resume scenario, reused by compaction and the size curve.
+    sessions: dict[int, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    def log(self, msg: str) -> None:
+        elapsed = time.perf_counter() - self.started
+        print(f"[{elapsed:6.1f}s] {msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,1 @@
+"""One module per scenario; each measures the store and, in the same run, its floor."""
