@@ -57,6 +57,8 @@ class CommitResult:
     #: Segments and bytes committed since the latest manifest (OK only).
     pending_segments: int = 0
     pending_bytes: int = 0
+    #: A compaction job for the session is queued already (OK only).
+    job_queued: bool = False
 
 
 def _s(value: Any) -> str:
@@ -226,7 +228,7 @@ class Coordinator:
         args.append(self.keys.changes(sid))
         args.append(orjson.dumps(payload))
         args.append(size)
-        keys = [self.keys.tail(sid), self.keys.ids(sid)]
+        keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.job_pending(sid)]
         if touch_index:
             res = self._call(lambda: self._commit_and_touch(sid, keys, args))
         else:
@@ -237,7 +239,13 @@ class Coordinator:
         if code == "HYDRATE":
             return CommitResult(code)
         if code == "OK":
-            return CommitResult(code, seq=int(res[1]), pending_segments=int(res[2]), pending_bytes=int(res[3]))
+            return CommitResult(
+                code,
+                seq=int(res[1]),
+                pending_segments=int(res[2]),
+                pending_bytes=int(res[3]),
+                job_queued=bool(int(res[4])),
+            )
         return CommitResult(code, seq=int(res[1]))
 
     def _commit_and_touch(self, sid: str, keys: list[str], args: list[Any]) -> Any:

@@ -111,7 +111,9 @@ COMMIT = _PRELUDE + """
 --   ARGV[6+2n] notification payload, ARGV[7+2n] the segment's size in bytes
 -- Also counts segments and bytes not yet compacted (tail fields pseg, pbytes; the compactor
 -- subtracts what it merges), so the writer can tell when a compaction job is due.
--- Returns {'OK', from+1, pseg, pbytes} | {'ALREADY', seq} (someone rolled it forward) |
+-- KEYS[3] (optional) the job marker: the reply says whether a compaction job is queued, so
+-- the writer enqueues only when one is due and none is (no extra round trip per append).
+-- Returns {'OK', from+1, pseg, pbytes, queued} | {'ALREADY', seq} (someone rolled it forward) |
 --   {'BEHIND', seq} (Redis is behind the writer's view: rebuild) | {'HYDRATE'} | {'INCARNATION', inc}
 local s, err = state(KEYS[1], KEYS[2], ARGV[1])
 if not s then return err end
@@ -126,7 +128,9 @@ redis.call('HSET', KEYS[1], 'seq', from + 1, 'last', ARGV[3], 'count', s.count +
 local pseg = redis.call('HINCRBY', KEYS[1], 'pseg', 1)
 local pbytes = redis.call('HINCRBY', KEYS[1], 'pbytes', tonumber(ARGV[7 + 2 * n]))
 redis.call('PUBLISH', ARGV[5 + 2 * n], ARGV[6 + 2 * n])
-return {'OK', from + 1, pseg, pbytes}
+local queued = 0
+if KEYS[3] then queued = redis.call('EXISTS', KEYS[3]) end
+return {'OK', from + 1, pseg, pbytes, queued}
 """
 
 INSTALL = """

@@ -244,9 +244,13 @@ class SessionStore:
         with self._headers_lock:
             self._headers[sid] = header
         try:
+            if fork is None:
+                # A new session is known to be empty: say so now, or the first append would
+                # pay a rebuild from the object store (LISTs and probes) to learn it.
+                self.coord.install(sid, header.incarnation, seq=0, last="", count=0, ids=())
             self.coord.touch_session(sid, header.created_at_ms)
         except BackendError as exc:
-            log.warning("session index not updated for %s: %s", sid, exc)
+            log.warning("Redis not told of new session %s (%s): it rebuilds on first use", sid, exc)
         return SessionHandle(self, header)
 
     def _new_header(
@@ -454,7 +458,7 @@ class SessionStore:
     def _after_commit(self, sid: str, header: Header, seq: int, res: CommitResult) -> None:
         # Separate commands: the job queue and the index live in other hash slots.
         try:
-            if res.code != "OK":
+            if res.code != "OK" or res.job_queued:
                 return
             opts = self.options
             due = (opts.compact_after_segments > 0 and res.pending_segments >= opts.compact_after_segments) or (
@@ -679,6 +683,12 @@ class SessionStore:
             seqs.extend([seq + 1] * len(seg_entries))
             tail_bytes += size
             seq += 1
+        # The 404 that ended the probe (or a listing that came back short) may also be a
+        # segment a newer manifest retired and GC deleted: a reader slower than the grace
+        # period would return a truncated session. A newer manifest means start over.
+        newer = self.layout.manifest(sid, inc, (manifest.generation if manifest else 0) + 1)
+        if self.options.retry.call(lambda: self.objects.head(newer)) is not None:
+            raise _SegmentRetired()
         _check_unique_ids(sid, inherited, entries)
         return SessionData(header, inherited, entries, seqs, seq, manifest, tail_bytes)
 

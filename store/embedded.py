@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from store.errors import BackendUnavailableError, InvalidInputError
 from store.objects import FileObjectStore, ObjectStore
@@ -66,7 +68,7 @@ class EmbeddedRedis:
         if not self.socket.exists():
             return "down"
         try:
-            client = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=1)
+            client = self._client(timeout=1)
             try:
                 return "up" if client.ping() else "down"
             finally:
@@ -77,6 +79,17 @@ class EmbeddedRedis:
             return "busy" if str(exc).startswith(("BUSY", "LOADING")) else "down"
         except redis.exceptions.RedisError:
             return "down"
+
+    def _client(self, *, timeout: float) -> redis.Redis:
+        # No retries: redis-py 8 would otherwise re-send a command after a connection error
+        # with backoff, which made stop() wait seconds for a server that had already exited
+        # (SHUTDOWN closes the connection) and a probe of a dead socket slow.
+        return redis.Redis(
+            unix_socket_path=str(self.socket),
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
 
     def running(self) -> bool:
         """Whether this directory's redis-server answers."""
@@ -175,7 +188,7 @@ class EmbeddedRedis:
     def stop(self) -> None:
         if not self._alive():
             return
-        client = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=5)
+        client = self._client(timeout=5)
         try:
             client.shutdown(nosave=False)
         except redis.exceptions.ConnectionError:

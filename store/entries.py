@@ -151,14 +151,16 @@ def decode_segment(key: str, data: bytes, checksum: str | None = None) -> list[d
     """Parse a segment or base object into its entries, refusing anything corrupt."""
     if not data:
         raise CorruptObjectError(key, 0, "empty object")
-    if checksum and hashlib.sha256(data).hexdigest() == checksum:
-        # Exactly the bytes a writer encoded: canonical, one object a line, no raw newline
-        # inside any line. One parse of the whole object is several times faster than a loop.
+    if checksum and data.endswith(b"\n") and hashlib.sha256(data).hexdigest() == checksum:
+        # Exactly the bytes a writer encoded: canonical, one object a line. Only parsing is
+        # left (per line: measured faster than one parse of the whole object as an array,
+        # which needs three copies of it).
+        loads = orjson.loads
         try:
-            values = orjson.loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+            values = [loads(line) for line in data[:-1].split(b"\n")]
         except orjson.JSONDecodeError:
-            values = None
-        if isinstance(values, list) and all(type(v) is dict for v in values):
+            values = []
+        if values and all(type(v) is dict for v in values):
             return values
     return _decode_strict(key, data, checksum)
 

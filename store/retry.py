@@ -35,7 +35,18 @@ class RetryPolicy:
         )
 
     def call(self, fn: Callable[[], T]) -> T:
-        return self.retrying()(fn)
+        # The first attempt runs outside tenacity: building a Retrying costs more than a
+        # Redis round trip on loopback, and almost every call succeeds at once.
+        try:
+            return fn()
+        except BackendUnavailableError:
+            if self.attempts <= 1:
+                raise
+        retrying = self.retrying()
+        retrying.stop = tenacity.stop_after_attempt(self.attempts - 1) | tenacity.stop_after_delay(
+            self.max_elapsed
+        )
+        return retrying(fn)
 
 
 DEFAULT_RETRY = RetryPolicy()

@@ -1,0 +1,754 @@
+"""The subcommands. Each takes the parsed arguments and a ``Ctx`` and returns an exit code;
+errors are raised and turned into one line and an exit code by ``store.cli.main``."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from store.cli.common import (
+    CliError,
+    Config,
+    Exit,
+    classify,
+    dump_json,
+    err,
+    human_age,
+    human_bytes,
+    open_store,
+    out,
+    read_jsonl,
+)
+from store.cli.render import StatusLine, bar, draw_tree, summarize
+from store.errors import (
+    BackendError,
+    ObjectNotFoundError,
+    SessionNotFoundError,
+    SessionStoreError,
+)
+from store.layout import check_session_id
+
+if TYPE_CHECKING:
+    from store.core import SessionStore
+
+
+@dataclass
+class Ctx:
+    config: Config
+    json: bool = False
+    _store: SessionStore | None = field(default=None, repr=False)
+
+    @property
+    def store(self) -> SessionStore:
+        if self._store is None:
+            self._store = open_store(self.config)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _iso_now() -> str:
+    from store.manager import iso_now
+
+    return iso_now()
+
+
+# --- create / append ---------------------------------------------------------------------------
+
+
+def cmd_create(args: argparse.Namespace, ctx: Ctx) -> int:
+    store = ctx.store
+    cwd = args.cwd if args.cwd is not None else os.getcwd()
+    handle = store.create_session(args.session, cwd=cwd)
+    sid = handle.session_id
+    if args.name:
+        store.open_session(sid).append_session_info(args.name)
+    if ctx.json:
+        out(dump_json({"session": sid, "name": args.name or None, "cwd": cwd}))
+    else:
+        out(sid)
+    return Exit.OK
+
+
+def cmd_append(args: argparse.Namespace, ctx: Ctx) -> int:
+    from store.manager import new_entry_id
+    from store.records import EMPTY_TAIL
+
+    sid = check_session_id(args.session)
+    if args.file in (None, "-"):
+        entries = list(read_jsonl(sys.stdin.buffer, "stdin"))
+        source = "stdin"
+    else:
+        with open(args.file, "rb") as fh:
+            entries = list(read_jsonl(fh, args.file))
+        source = args.file
+    if not entries:
+        raise CliError(f"{source}: no entries to append", Exit.USAGE)
+    expected: str | None = args.expect_tail
+    if args.expect_empty:
+        expected = EMPTY_TAIL
+    store = ctx.store
+    # Convenience for hand-written entries: a missing id, timestamp or parentId is filled in
+    # (parentId chains to the tail, or the previous entry of the batch). Give ids explicitly
+    # when a retry must be idempotent.
+    if any("parentId" not in e for e in entries):
+        parent: str | None = expected if expected is not None else store.get_tail(sid).last_entry_id
+        parent = parent or None
+    else:
+        parent = None
+    taken = {e["id"] for e in entries if isinstance(e.get("id"), str)}
+    filled: list[dict[str, Any]] = []
+    for entry in entries:
+        if "id" not in entry:
+            eid = new_entry_id(taken)
+            taken.add(eid)
+        else:
+            eid = entry["id"]
+        # pi's key order, then the entry's own fields in theirs.
+        head = {"type": entry.get("type"), "id": eid, "parentId": entry.get("parentId", parent),
+                "timestamp": entry.get("timestamp", _iso_now())}
+        if "type" not in entry:
+            del head["type"]  # left for the store to refuse, with its own message
+        filled.append({**head, **{k: v for k, v in entry.items() if k not in head}})
+        parent = eid if isinstance(eid, str) else parent
+    result = store.append_session_entries(sid, filled, expected)
+    if ctx.json:
+        out(dump_json({"session": sid, "seq": result.seq, "last": result.last_appended_entry_id,
+                       "count": result.appended_count}))
+    else:
+        noun = "entry" if result.appended_count == 1 else "entries"
+        out(f"appended {result.appended_count} {noun} to {sid} as segment {result.seq} "
+            f"(last {result.last_appended_entry_id})")
+    return Exit.OK
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def _session_row(store: SessionStore, info: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "session": info.session_id,
+        "name": None,
+        "entries": None,
+        "created_at_ms": info.created_at_ms,
+        "updated_at_ms": info.updated_at_ms or info.created_at_ms,
+        "cwd": info.cwd,
+        "fork_of": info.fork_of,
+        "error": None,
+    }
+    try:
+        session = store.load_session(info.session_id)
+        row["name"] = session.name
+        row["entries"] = len(session)
+        row["leaf"] = session.leaf_id
+    except SessionNotFoundError:
+        row["error"] = "deleted meanwhile"
+    except SessionStoreError as exc:
+        row["error"] = f"unreadable: {exc}"
+    return row
+
+
+def cmd_ls(args: argparse.Namespace, ctx: Ctx) -> int:
+    store = ctx.store
+    infos = store.list_sessions()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        rows = list(pool.map(lambda i: _session_row(store, i), infos))
+    rows = [r for r in rows if r["error"] != "deleted meanwhile"]
+    rows.sort(key=lambda r: r["updated_at_ms"] or 0, reverse=True)
+    if args.limit is not None:
+        rows = rows[: args.limit]
+    if ctx.json:
+        out(dump_json(rows))
+        return Exit.OK
+    if not rows:
+        err("no sessions")
+        return Exit.OK
+    now = _now_ms()
+    width = max(7, max(len(r["session"]) for r in rows))
+    out(f"{'SESSION':<{width}}  {'ENTRIES':>7}  {'UPDATED':<9}  NAME")
+    for r in rows:
+        name = r["name"] or ""
+        if r["fork_of"]:
+            name = (name + " " if name else "") + f"(fork of {r['fork_of']})"
+        if r["error"]:
+            name = f"! {r['error']}"
+        entries = "-" if r["entries"] is None else str(r["entries"])
+        out(f"{r['session']:<{width}}  {entries:>7}  {human_age(r['updated_at_ms'], now):<9}  {name}")
+    return Exit.OK
+
+
+def cmd_info(args: argparse.Namespace, ctx: Ctx) -> int:
+    store = ctx.store
+    sid = check_session_id(args.session)
+    data = store.read_session(sid)
+    from store.session import Session
+
+    session = Session(data.header.pi_header, data.all_entries)
+    header = data.header
+    info: dict[str, Any] = {
+        "session": sid,
+        "name": session.name,
+        "entries": len(session),
+        "own_entries": len(data.entries),
+        "leaf": session.leaf_id,
+        "seq": data.seq,
+        "segments_since_compaction": data.seq - (data.manifest.through_seq if data.manifest else 0),
+        "compactions": data.manifest.generation if data.manifest else 0,
+        "created_at_ms": header.created_at_ms,
+        "incarnation": header.incarnation,
+        "cwd": header.pi_header.get("cwd"),
+        "fork": None if header.fork is None else asdict(header.fork),
+        "redacted": len(session.redacted_ids),
+        "labels": len(session.labels),
+    }
+    if ctx.json:
+        out(dump_json(info))
+        return Exit.OK
+    for key, value in info.items():
+        if key == "fork" and value:
+            value = f"{value['session_id']} at entry {value['entry_id']}"
+        out(f"{key.replace('_', ' '):<26} {'-' if value is None else value}")
+    return Exit.OK
+
+
+def cmd_show(args: argparse.Namespace, ctx: Ctx) -> int:
+    store = ctx.store
+    sid = check_session_id(args.session)
+    data = store.read_session(sid)
+    from store.session import Session
+
+    session = Session(data.header.pi_header, data.all_entries)
+    if ctx.json:
+        out(dump_json({
+            "session": sid,
+            "name": session.name,
+            "leaf": session.leaf_id,
+            "entries": len(session),
+            "compactions": data.manifest.generation if data.manifest else 0,
+            "tree": [node.to_dict() for node in session.get_tree()],
+        }))
+        return Exit.OK
+    out(describe_session(sid, session, data))
+    for line in draw_tree(session, stream=sys.stdout):
+        out(line)
+    return Exit.OK
+
+
+def describe_session(sid: str, session: Any, data: Any) -> str:
+    """The header line of ``show``: name, size, branches, fork, compactions."""
+    leaves = sum(1 for e in session.entries if not session.get_children(e["id"]))
+    parts = [f"session {sid}"]
+    if session.name:
+        parts.append(f"{session.name!r}")
+    parts.append(f"{len(session)} entries")
+    parts.append(f"{leaves} branch{'es' if leaves != 1 else ''}")
+    pi_compactions = sum(1 for e in session.entries if e.get("type") == "compaction")
+    if pi_compactions:
+        parts.append(f"{pi_compactions} context compaction{'s' if pi_compactions != 1 else ''}")
+    live = data.seq - (data.manifest.through_seq if data.manifest else 0)
+    stored = f"{live} segment{'s' if live != 1 else ''}"
+    if data.manifest is not None:
+        gen = data.manifest.generation
+        stored = f"{gen} compaction{'s' if gen != 1 else ''} + {stored}"
+    parts.append(f"stored as {stored}")
+    if data.header.fork is not None:
+        parts.append(f"fork of {data.header.fork.session_id} at {data.header.fork.entry_id}")
+    if session.redacted_ids:
+        parts.append(f"{len(session.redacted_ids)} redacted")
+    return " · ".join(parts)
+
+
+def cmd_context(args: argparse.Namespace, ctx: Ctx) -> int:
+    session = ctx.store.load_session(check_session_id(args.session))
+    context = session.build_context(args.leaf)
+    out(dump_json(context, pretty=not args.compact))
+    return Exit.OK
+
+
+def cmd_export(args: argparse.Namespace, ctx: Ctx) -> int:
+    """One session to stdout or a file; several (or --all) to a directory, one file each.
+
+    ``export --all -o DIR`` then ``import DIR`` against another store moves every session.
+    """
+    store = ctx.store
+    sids = _all_or(ctx, args.sessions, args.all, "export")
+    if len(sids) == 1 and not args.all and (args.output in (None, "-") or not Path(args.output).is_dir()):
+        lines = store.iter_export_pi_session(sids[0])
+        if args.output in (None, "-"):
+            for line in lines:
+                sys.stdout.write(line)
+            sys.stdout.flush()
+            return Exit.OK
+        count = _write_atomically(Path(args.output), lines)
+        if ctx.json:
+            out(dump_json([{"session": sids[0], "path": args.output, "entries": count - 1}]))
+        else:
+            err(f"exported {sids[0]} to {args.output} ({count - 1} entries)")
+        return Exit.OK
+    if args.output in (None, "-"):
+        raise CliError("several sessions go to a directory: give -o DIR", Exit.USAGE)
+    directory = Path(args.output)
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for sid in sids:
+        path = directory / f"{sid}.jsonl"
+        count = _write_atomically(path, store.iter_export_pi_session(sid))
+        rows.append({"session": sid, "path": str(path), "entries": count - 1})
+    if ctx.json:
+        out(dump_json(rows))
+    else:
+        err(f"exported {len(rows)} sessions to {directory}")
+    return Exit.OK
+
+
+def _write_atomically(target: Path, lines: Iterator[str]) -> int:
+    """Write beside the target and rename, so that a failed export never leaves half a file."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    count = 0
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
+            for line in lines:
+                fh.write(line)
+                count += 1
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return count
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def cmd_fork(args: argparse.Namespace, ctx: Ctx) -> int:
+    store = ctx.store
+    sid = check_session_id(args.session)
+    entry = args.entry
+    if entry is None:
+        entry = store.load_session(sid).leaf_id
+        if entry is None:
+            raise CliError(f"session {sid!r} has no entries to fork from", Exit.USAGE)
+    handle = store.branch_from_entry(sid, entry, args.id)
+    if args.name:
+        store.open_session(handle.session_id).append_session_info(args.name)
+    if ctx.json:
+        out(dump_json({"session": handle.session_id, "source": sid, "entry": entry}))
+    else:
+        out(handle.session_id)
+    return Exit.OK
+
+
+def cmd_redact(args: argparse.Namespace, ctx: Ctx) -> int:
+    result = ctx.store.redact(check_session_id(args.session), args.entry, args.reason)
+    if ctx.json:
+        out(dump_json({"session": args.session, "entry": args.entry, "redaction": result.last_appended_entry_id,
+                       "seq": result.seq}))
+    else:
+        out(f"redacted {args.entry} in {args.session} (redaction {result.last_appended_entry_id}, "
+            f"segment {result.seq}); `sessionstore compact` purges the content from storage")
+    return Exit.OK
+
+
+def cmd_delete(args: argparse.Namespace, ctx: Ctx) -> int:
+    sid = check_session_id(args.session)
+    if not args.yes:
+        raise CliError(f"deleting {sid!r} removes every entry: pass --yes to confirm", Exit.USAGE)
+    ctx.store.delete_session(sid)
+    if ctx.json:
+        out(dump_json({"session": sid, "deleted": True}))
+    else:
+        out(f"deleted {sid}")
+    return Exit.OK
+
+
+# --- import ------------------------------------------------------------------------------------
+
+
+def _pi_files(paths: list[str]) -> list[str]:
+    files: list[str] = []
+    for p in paths:
+        if p == "-":
+            files.append(p)
+            continue
+        path = Path(p)
+        if path.is_dir():
+            found = sorted(str(f) for f in path.rglob("*.jsonl") if f.is_file())
+            if not found:
+                raise CliError(f"{p}: no *.jsonl files in this directory", Exit.NOT_FOUND)
+            files.extend(found)
+        elif path.exists():
+            files.append(str(path))
+        else:
+            raise CliError(f"{p}: no such file or directory", Exit.NOT_FOUND)
+    return files
+
+
+def cmd_import(args: argparse.Namespace, ctx: Ctx) -> int:
+    from store.core import uuid7
+
+    files = _pi_files(args.paths)
+    if args.id and len(files) != 1:
+        raise CliError("--id names one session: give exactly one file", Exit.USAGE)
+    store = ctx.store
+    status = StatusLine(sys.stderr)
+    lock = threading.Lock()
+    results: list[dict[str, Any]] = []
+    totals = {"entries": 0, "refused": 0}
+    show_progress = not args.quiet and len(files) > 1
+
+    def one(path: str) -> dict[str, Any]:
+        sid = args.id or (uuid7() if args.new_ids else None)
+        try:
+            source: Any = sys.stdin.buffer.read() if path == "-" else Path(path)
+            handle = store.import_pi_session(source, sid)
+            entries = handle.tail().entry_count
+            return {"path": path, "ok": True, "session": handle.session_id, "entries": entries}
+        except (SessionStoreError, OSError) as exc:
+            code, message = classify(exc)
+            return {"path": path, "ok": False, "error": message, "exit_code": int(code)}
+
+    def report(res: dict[str, Any]) -> None:
+        with lock:
+            results.append(res)
+            if res["ok"]:
+                totals["entries"] += res["entries"]
+            else:
+                totals["refused"] += 1
+            if not ctx.json:
+                line = None
+                if not res["ok"]:
+                    line = f"refused {res['path']}: {res['error']}"
+                elif args.verbose or len(files) == 1:
+                    line = f"imported {res['path']} as {res['session']} ({res['entries']} entries)"
+                if line:
+                    status.clear()
+                    out(line)
+                    sys.stdout.flush()
+            if show_progress:
+                status.update(
+                    f"importing {bar(len(results), len(files))} {len(results)}/{len(files)} files"
+                    f" · {totals['entries']:,} entries · {totals['refused']} refused",
+                    force=len(results) == len(files),
+                )
+
+    # Files are independent: import a few at once (each import is its own batches).
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(one, f) for f in files]
+        for fut in as_completed(futures):
+            report(fut.result())
+    if show_progress:
+        status.done()
+    results.sort(key=lambda r: r["path"])
+    imported = sum(1 for r in results if r["ok"])
+    if ctx.json:
+        out(dump_json({"imported": imported, "refused": totals["refused"], "entries": totals["entries"],
+                       "files": results}))
+    elif len(files) > 1:
+        out(f"imported {imported} of {len(files)} files ({totals['entries']:,} entries)"
+            + (f"; {totals['refused']} refused" if totals["refused"] else ""))
+    if totals["refused"]:
+        if len(files) == 1:
+            # One file: its own error class is the exit code.
+            return int(results[0]["exit_code"])
+        return Exit.FAILED
+    return Exit.OK
+
+
+# --- follow ------------------------------------------------------------------------------------
+
+
+def cmd_follow(args: argparse.Namespace, ctx: Ctx) -> int:
+    """Print entries as they are committed, from any writer anywhere.
+
+    Notifications only say *when* to look; what to print is always read from the object
+    store, from the segment after the last one printed. So a lost notification (Redis
+    restarted, a pub/sub message dropped, a writer that died between its segment and its
+    commit) delays an entry by at most one poll interval, and never loses it.
+    """
+    import redis
+
+    from store.entries import decode_segment
+
+    store = ctx.store
+    sid = check_session_id(args.session)
+    poll = max(0.05, args.poll)
+    pubsub: Any = None
+    next_subscribe = 0.0
+
+    def subscribe() -> None:
+        nonlocal pubsub, next_subscribe
+        try:
+            pubsub = store.coord.subscribe(sid)
+        except BackendError as exc:
+            pubsub = None
+            next_subscribe = time.monotonic() + 5 * poll
+            err(f"sessionstore: notifications unavailable ({exc}); polling every {poll:g} s")
+
+    # Subscribe before the first read: anything committed after it is either in that read or
+    # announced (and the poll catches it regardless).
+    subscribe()
+    data = store.read_session(sid)
+    inc = data.header.incarnation
+    printed = 0
+    limit = args.count
+
+    def emit(entry: dict[str, Any], seq: int) -> None:
+        if ctx.json:
+            sys.stdout.write(orjson.dumps(entry).decode() + "\n")
+        else:
+            sys.stdout.write(f"{seq:>6}  {str(entry.get('id'))[:16]:<16}  {summarize(entry)}\n")
+        sys.stdout.flush()
+
+    own_seqs = list(data.seqs)
+    backlog: list[tuple[dict[str, Any], int]] = [(e, 0) for e in data.inherited]
+    backlog += list(zip(data.entries, own_seqs, strict=True))
+    if not args.from_start:
+        backlog = backlog[len(backlog) - args.lines :] if args.lines > 0 else []
+    for entry, seq in backlog:
+        emit(entry, seq)
+    last = data.seq
+    err(f"following {sid} after segment {last} (Ctrl-C to stop)")
+    hint = last
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+
+    def read_new() -> int:
+        """Print segments after ``last``; returns how many entries were printed."""
+        nonlocal last, hint, inc
+        n = 0
+        while True:
+            key = store.layout.segment(sid, inc, last + 1)
+            try:
+                obj = store.options.retry.call(functools.partial(store.objects.get, key))
+            except ObjectNotFoundError:
+                if hint <= last:
+                    return n
+                # Announced but absent: compaction merged it and GC retired it, or the session
+                # was deleted and created again. Read the whole session to find out.
+                header = store.get_header(sid)
+                if header.incarnation != inc:
+                    err(f"sessionstore: {sid} was deleted and created again; following the new one")
+                    inc, last, hint = header.incarnation, 0, 0
+                    continue
+                fresh = store.read_session(sid)
+                for entry, seq in zip(fresh.entries, fresh.seqs, strict=True):
+                    if seq > last:
+                        emit(entry, seq)
+                        n += 1
+                last = max(last, fresh.seq)
+                hint = last
+                continue
+            for entry in decode_segment(key, obj.data, obj.metadata.get("sha256")):
+                emit(entry, last + 1)
+                n += 1
+            last += 1
+            hint = max(hint, last)
+
+    try:
+        while True:
+            printed += read_new()
+            if limit is not None and printed >= limit:
+                return Exit.OK
+            wait = poll
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    return Exit.OK
+            if pubsub is None and time.monotonic() >= next_subscribe:
+                subscribe()
+            if pubsub is None:
+                time.sleep(wait)
+                continue
+            try:
+                # Coordinator.subscribe hands out redis-py's PubSub, so its errors arrive
+                # untranslated here; any of them just means "fall back to polling".
+                msg = pubsub.get_message(timeout=wait)
+                while msg is not None:
+                    if msg.get("type") == "message":
+                        try:
+                            hint = max(hint, int(orjson.loads(msg["data"]).get("seq", 0)))
+                        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
+                            hint = max(hint, last + 1)
+                    msg = pubsub.get_message(timeout=0)
+            except (redis.exceptions.RedisError, OSError) as exc:
+                err(f"sessionstore: lost the notification channel ({exc}); polling every {poll:g} s")
+                try:
+                    pubsub.close()
+                except Exception:
+                    pass
+                pubsub = None
+                next_subscribe = time.monotonic() + 5 * poll
+    finally:
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except Exception:
+                pass
+
+
+# --- compaction ----------------------------------------------------------------------------------
+
+
+def _compactor(ctx: Ctx, grace: float | None) -> Any:
+    from compactor import Compactor, CompactorOptions
+    from compactor.config import DEFAULT_GRACE_MS
+
+    grace_ms = DEFAULT_GRACE_MS if grace is None else int(grace * 1000)
+    return Compactor(ctx.store, CompactorOptions(grace_ms=grace_ms))
+
+
+def _all_or(ctx: Ctx, sessions: list[str], all_flag: bool, what: str) -> list[str]:
+    if sessions and all_flag:
+        raise CliError("give sessions or --all, not both", Exit.USAGE)
+    if all_flag:
+        return [i.session_id for i in ctx.store.list_sessions()]
+    if not sessions:
+        raise CliError(f"name the sessions to {what}, or pass --all", Exit.USAGE)
+    return [check_session_id(s) for s in sessions]
+
+
+def cmd_compact(args: argparse.Namespace, ctx: Ctx) -> int:
+    sids = _all_or(ctx, args.sessions, args.all, "compact")
+    compactor = _compactor(ctx, args.grace)
+    results: list[dict[str, Any]] = []
+    for sid in sids:
+        rounds = 0
+        while True:
+            res = compactor.compact_session(sid)
+            rounds += 1
+            row = asdict(res)
+            results.append(row)
+            if not ctx.json:
+                if res.outcome == "compacted":
+                    first, last = res.segments_merged or (0, 0)
+                    purged = f", {res.redactions_purged} redacted entries purged" if res.redactions_purged else ""
+                    out(f"{sid}: segments {first}-{last} -> manifest {res.generation} "
+                        f"({res.entries} entries, {human_bytes(res.bytes_in)} -> {human_bytes(res.bytes_out)}{purged})")
+                elif res.outcome == "nothing":
+                    out(f"{sid}: nothing to compact (manifest {res.generation})")
+                else:
+                    out(f"{sid}: another compactor wrote manifest {res.generation} first")
+            if res.outcome != "compacted" or not res.more_pending or rounds >= 100:
+                break
+    if ctx.json:
+        out(dump_json(results))
+    return Exit.OK
+
+
+def cmd_gc(args: argparse.Namespace, ctx: Ctx) -> int:
+    compactor = _compactor(ctx, args.grace)
+    if args.sessions:
+        total = None
+        for sid in args.sessions:
+            res = compactor.gc_session(check_session_id(sid))
+            total = res if total is None else total + res
+    else:
+        total = compactor.gc()
+    assert total is not None
+    kinds: dict[str, int] = {}
+    for kind, _ in total.deleted:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    if ctx.json:
+        out(dump_json({"sessions": total.sessions, "deleted": len(total.deleted), "by_kind": kinds,
+                       "waiting": total.waiting, "errors": list(total.errors)}))
+    else:
+        detail = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "nothing"
+        out(f"gc: {total.sessions} sessions, deleted {detail}; {total.waiting} objects wait for their grace period")
+        for e in total.errors:
+            out(f"error: {e}")
+    return Exit.FAILED if total.errors else Exit.OK
+
+
+# --- checks --------------------------------------------------------------------------------------
+
+
+def cmd_verify(args: argparse.Namespace, ctx: Ctx) -> int:
+    from store.cli.verify import verify_store
+
+    store = ctx.store
+    sids = [check_session_id(s) for s in args.sessions] or None
+    checks = verify_store(store, sids)
+    faults = sum(len(c.faults) for c in checks)
+    warnings = sum(len(c.warnings) for c in checks)
+    ok = faults == 0 and not (args.strict and warnings)
+    if ctx.json:
+        out(dump_json({"ok": ok, "sessions": len(checks), "faults": faults, "warnings": warnings,
+                       "results": [c.to_json() for c in checks]}))
+    else:
+        for c in checks:
+            if c.faults:
+                state = "FAULT"
+            elif c.warnings:
+                state = "warn "
+            else:
+                state = "ok   "
+            extra = f", fork of {c.fork_of}" if c.fork_of else ""
+            out(f"{state} {c.session_id} ({c.entries} entries, {c.segments} live segments, "
+                f"{c.generation} compactions{extra})")
+            for f in c.faults:
+                out(f"      fault: {f}")
+            for w in c.warnings:
+                out(f"      warning: {w}")
+        out(f"verified {len(checks)} sessions: {faults} faults, {warnings} warnings")
+    return Exit.OK if ok else Exit.FAILED
+
+
+def cmd_doctor(args: argparse.Namespace, ctx: Ctx) -> int:
+    from store.cli.doctor import run_doctor
+
+    checks = run_doctor(ctx.config)
+    failed = [c for c in checks if c.status == "fail"]
+    warned = [c for c in checks if c.status == "warn"]
+    ok = not failed and not (args.strict and warned)
+    if ctx.json:
+        out(dump_json({"ok": ok, "checks": [c.to_json() for c in checks]}))
+    else:
+        for c in checks:
+            out(f"{c.status.upper():<4}  {c.name:<28} {c.detail}")
+        out(f"{len(checks)} checks: {len(checks) - len(failed) - len(warned)} ok, {len(warned)} warnings, "
+            f"{len(failed)} failed")
+    return Exit.OK if ok else Exit.FAILED
+
+
+def cmd_embedded(args: argparse.Namespace, ctx: Ctx) -> int:
+    from store.embedded import EmbeddedRedis
+
+    directory = ctx.config.local_dir
+    if directory is None or ctx.config.redis_url is not None:
+        raise CliError("the embedded Redis exists only for a local directory without --redis", Exit.USAGE)
+    embedded = EmbeddedRedis(directory / ".redis")
+    if args.action == "stop":
+        running = embedded.running()
+        embedded.stop()
+        if ctx.json:
+            out(dump_json({"dir": str(embedded.dir), "stopped": running}))
+        else:
+            out(f"stopped the embedded redis-server of {directory}" if running
+                else f"no embedded redis-server running for {directory}")
+        return Exit.OK
+    running = embedded.running()
+    info = {"dir": str(embedded.dir), "socket": str(embedded.socket), "running": running,
+            "pid": embedded.pid() if running else None}
+    if ctx.json:
+        out(dump_json(info))
+    else:
+        out(f"embedded redis-server for {directory}: "
+            + (f"running (pid {info['pid']}, socket {embedded.socket})" if running else "not running"))
+    return Exit.OK

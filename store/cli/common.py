@@ -1,0 +1,244 @@
+"""What every subcommand shares: configuration, the store, output, exit codes.
+
+Configuration is read here and only here (entry points read the environment, nothing below
+them does). Exit codes are one per class of outcome, so that a script can tell "the session
+does not exist" from "Redis is down" without parsing text; ``docs/cli.md`` documents them.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlparse
+
+import orjson
+
+from store.errors import (
+    BackendError,
+    BackendRefusedError,
+    BackendUnavailableError,
+    ConditionalWritesUnsupportedError,
+    CorruptObjectError,
+    EntryNotFoundError,
+    IndeterminateError,
+    InvalidInputError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    SessionExistsError,
+    SessionNotFoundError,
+    SessionStoreError,
+    WriteRefusedError,
+)
+
+#: Where the embedded default keeps its objects and its Redis, relative to the working dir.
+DEFAULT_DIR = ".sessionstore"
+
+ENV_OBJECTS = "SESSIONSTORE_OBJECTS_URL"
+ENV_REDIS = "SESSIONSTORE_REDIS_URL"
+ENV_PREFIX = "SESSIONSTORE_REDIS_PREFIX"
+ENV_DEBUG = "SESSIONSTORE_DEBUG"
+
+
+class Exit(enum.IntEnum):
+    """Process exit codes, one per class of outcome (documented in docs/cli.md)."""
+
+    OK = 0
+    #: The command ran and found faults: verify, doctor, the demo's verification, an import
+    #: with refused files, a GC pass with errors.
+    FAILED = 1
+    #: Bad arguments, a bad URL, malformed input (JSON, entries, ids).
+    USAGE = 2
+    #: Unknown session, entry or input file.
+    NOT_FOUND = 3
+    #: A well-formed write the store refused: expected tail mismatch, session exists, id
+    #: collision, unknown parent, contention.
+    CONFLICT = 4
+    #: A backend is down or timed out (Redis, S3, the embedded redis-server).
+    UNAVAILABLE = 5
+    #: A backend refused permanently: access denied, no such bucket, no conditional writes.
+    REFUSED = 6
+    #: A write whose outcome is unknown; re-sending the same batch is safe.
+    INDETERMINATE = 7
+    #: An object in the store is not what the store wrote.
+    CORRUPT = 8
+    #: A bug in sessionstore (EX_SOFTWARE).
+    INTERNAL = 70
+    #: stdout was closed under us (``sessionstore export X | head``).
+    BROKEN_PIPE = 141
+    INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A failure the CLI reports as one line and an exit code (raised by subcommands)."""
+
+    def __init__(self, message: str, code: Exit) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def classify(exc: BaseException) -> tuple[Exit, str]:
+    """The exit code and the one line to print for an exception from the store."""
+    msg = str(exc) or type(exc).__name__
+    if isinstance(exc, CliError):
+        return exc.code, msg
+    if isinstance(exc, InvalidInputError):
+        return Exit.USAGE, msg
+    if isinstance(exc, (SessionNotFoundError, EntryNotFoundError, ObjectNotFoundError)):
+        return Exit.NOT_FOUND, msg
+    if isinstance(exc, SessionExistsError):
+        return Exit.CONFLICT, msg
+    if isinstance(exc, WriteRefusedError):
+        hint = ""
+        if hasattr(exc, "actual_tail_entry_id"):
+            hint = "; read the session again and retry, or append without --expect-tail"
+        return Exit.CONFLICT, msg + hint
+    if isinstance(exc, ObjectExistsError):
+        return Exit.CONFLICT, msg
+    if isinstance(exc, IndeterminateError):
+        return Exit.INDETERMINATE, msg
+    if isinstance(exc, CorruptObjectError):
+        return Exit.CORRUPT, msg + "; run `sessionstore verify` for a full report"
+    if isinstance(exc, (BackendRefusedError, ConditionalWritesUnsupportedError)):
+        return Exit.REFUSED, msg
+    if isinstance(exc, (BackendUnavailableError, BackendError)):
+        return Exit.UNAVAILABLE, msg + "; is the server running? `sessionstore doctor` checks the backends"
+    if isinstance(exc, SessionStoreError):
+        return Exit.FAILED, msg
+    if isinstance(exc, FileNotFoundError):
+        return Exit.NOT_FOUND, f"{exc.strerror or 'not found'}: {exc.filename}"
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        return Exit.USAGE, f"{exc.strerror or exc}{where}"
+    return Exit.INTERNAL, f"internal error: {type(exc).__name__}: {msg} (set {ENV_DEBUG}=1 for a traceback)"
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Where the store lives, resolved from flags, then the environment, then the default."""
+
+    objects_url: str
+    #: None: the embedded Redis beside a file:// store.
+    redis_url: str | None
+    redis_prefix: str
+    allow_unsafe_backend: bool = False
+
+    @property
+    def embedded(self) -> bool:
+        return self.redis_url is None
+
+    @property
+    def local_dir(self) -> Path | None:
+        """The directory of a file:// store."""
+        parsed = urlparse(self.objects_url)
+        if parsed.scheme != "file":
+            return None
+        from urllib.parse import unquote
+
+        path = unquote(parsed.path)
+        if parsed.netloc and parsed.netloc != "localhost":
+            path = parsed.netloc + path
+        return Path(path)
+
+
+def objects_url_of(value: str) -> str:
+    """Accept a URL or a plain directory path (relative paths are made absolute)."""
+    if "://" in value:
+        return value
+    return Path(value).expanduser().absolute().as_uri()
+
+
+def resolve_config(
+    objects: str | None, redis_url: str | None, prefix: str | None, allow_unsafe: bool = False
+) -> Config:
+    env = os.environ
+    obj = objects or env.get(ENV_OBJECTS) or DEFAULT_DIR
+    red = redis_url or env.get(ENV_REDIS) or None
+    pre = prefix or env.get(ENV_PREFIX) or "ss"
+    return Config(objects_url_of(obj), red, pre, allow_unsafe)
+
+
+def open_store(config: Config, **options: Any) -> Any:
+    """A ``SessionStore`` for the configuration (starting the embedded Redis if needed)."""
+    from store.core import SessionStore
+
+    options.setdefault("redis_prefix", config.redis_prefix)
+    options.setdefault("allow_unsafe_backend", config.allow_unsafe_backend)
+    return SessionStore.from_url(config.objects_url, config.redis_url, **options)
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def dump_json(value: Any, *, pretty: bool = True) -> str:
+    opt = orjson.OPT_INDENT_2 if pretty else 0
+    return orjson.dumps(value, option=opt | orjson.OPT_NON_STR_KEYS, default=_json_default).decode()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError
+
+
+def out(text: str = "", *, stream: IO[str] | None = None) -> None:
+    """Print to stdout; the stream is looked up at call time so captured stdout works."""
+    (stream or sys.stdout).write(text + "\n")
+
+
+def err(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def is_tty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def read_jsonl(stream: IO[bytes], source: str) -> Iterator[dict[str, Any]]:
+    """JSON objects, one a line; blank lines skipped; a bad line is a usage error."""
+    for lineno, raw in enumerate(stream, 1):
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise CliError(f"{source}, line {lineno}: invalid JSON: {exc}", Exit.USAGE) from None
+        if not isinstance(value, dict):
+            raise CliError(f"{source}, line {lineno}: not a JSON object", Exit.USAGE)
+        yield value
+
+
+def human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def human_age(ms: int | None, now_ms: int) -> str:
+    if ms is None:
+        return "-"
+    s = max(0, (now_ms - ms) // 1000)
+    if s < 60:
+        return f"{s}s ago"
+    if s < 3600:
+        return f"{s // 60}m ago"
+    if s < 86400:
+        return f"{s // 3600}h ago"
+    return f"{s // 86400}d ago"

@@ -1,0 +1,317 @@
+"""``sessionstore verify``: check what is in the bucket against the store's invariants.
+
+Reads raw objects (not through ``read_session``, which stops at the first problem) so that one
+pass reports every fault of a session:
+
+- the header parses and names its session;
+- segments after the latest manifest are numbered through_seq+1, +2, ... without a gap
+  (invariant 1), and each one decodes (checksum, strict JSONL, ids);
+- the latest manifest is consistent: ``seq_counts`` covers 1..through_seq, its bases exist,
+  match their sha256 and hold the number of entries the manifest counts;
+- entry ids are unique (a fork's inherited path included), there is no parent cycle, and pi
+  could open the session;
+- a fork's source still exists, in the incarnation it was forked from, with the fork point;
+- Redis's tail is not ahead of the object store (invariant 4) and agrees with it when level.
+
+Entries whose parent is not in the session are *warnings*: pi keeps them as roots and the
+store accepts them when importing a pi file (append refuses them, so in a session written
+only through append they point at a lost segment, which the gap check reports as a fault).
+``--strict`` makes warnings fail too.
+
+Faults are reported, never repaired. A session that changes under the check (compaction
+retired an object between the listing and the read) is checked again, a few times.
+"""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from store.core import Manifest
+from store.entries import decode_segment
+from store.errors import (
+    BackendError,
+    CorruptObjectError,
+    InvalidInputError,
+    ObjectNotFoundError,
+    SessionNotFoundError,
+    SessionStoreError,
+)
+from store.layout import Layout, check_session_id
+from store.session import Session, branch_path
+
+if TYPE_CHECKING:
+    from store.core import SessionStore
+
+_SHA_KEY = "sha256"
+_ATTEMPTS = 3
+_SHOW = 5
+
+
+@dataclass(slots=True)
+class SessionCheck:
+    session_id: str
+    entries: int = 0
+    #: Segments after the latest manifest.
+    segments: int = 0
+    #: Generation of the latest manifest (0: never compacted).
+    generation: int = 0
+    fork_of: str | None = None
+    faults: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.faults
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["ok"] = self.ok
+        return out
+
+
+class _Changed(Exception):
+    """An object listed a moment ago is gone: compaction moved on. Check again."""
+
+
+def verify_session(store: SessionStore, session_id: str) -> SessionCheck:
+    """Check one session. ``SessionNotFoundError`` if it has no header and no objects."""
+    sid = check_session_id(session_id)
+    for attempt in range(_ATTEMPTS):
+        try:
+            return _verify_once(store, sid)
+        except _Changed as exc:
+            if attempt == _ATTEMPTS - 1:
+                check = SessionCheck(sid)
+                check.faults.append(f"objects kept disappearing while checking ({exc}): is a GC running with a tiny grace period?")
+                return check
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def verify_store(
+    store: SessionStore, session_ids: list[str] | None = None, *, concurrency: int = 8
+) -> list[SessionCheck]:
+    """Check the given sessions, or every session directory in the bucket."""
+    if session_ids is None:
+        session_ids = store.options.retry.call(
+            lambda: list(store.objects.list_dirs(store.layout.sessions_prefix))
+        )
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        return list(pool.map(lambda sid: verify_session(store, sid), session_ids))
+
+
+def _get(store: SessionStore, key: str) -> Any:
+    try:
+        return store.options.retry.call(lambda: store.objects.get(key))
+    except ObjectNotFoundError:
+        raise _Changed(key) from None
+
+
+def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
+    check = SessionCheck(sid)
+    layout = store.layout
+    retry = store.options.retry
+    # Redis first: its tail only grows, so every segment it knows of is in the listing below.
+    redis_state: Any = None
+    redis_error = ""
+    try:
+        redis_state = store.coord.tail(sid)
+    except BackendError as exc:
+        redis_error = str(exc)
+    session_prefix = layout.session_prefix(sid)
+    listed = retry.call(lambda: [i.key for i in store.objects.list(session_prefix)])
+    header_key = layout.header(sid)
+    try:
+        header = store.get_header(sid)
+    except SessionNotFoundError:
+        if not listed:
+            raise
+        check.warnings.append(
+            f"{len(listed)} objects but no header: an interrupted delete (the compactor's GC removes them)"
+        )
+        return check
+    except CorruptObjectError as exc:
+        check.faults.append(str(exc))
+        return check
+    inc = header.incarnation
+    inc_prefix = layout.incarnation_prefix(sid, inc)
+    others = {
+        k[len(session_prefix) :].split("/", 1)[0]
+        for k in listed
+        if k != header_key and not k.startswith(inc_prefix)
+    }
+    if others:
+        check.warnings.append(
+            f"objects of {len(others)} earlier incarnation(s) remain (the compactor's GC removes them)"
+        )
+
+    segments: dict[int, str] = {}
+    manifests: dict[int, str] = {}
+    for key in listed:
+        if not key.startswith(inc_prefix):
+            continue
+        kind, _, name = key[len(inc_prefix) :].partition("/")
+        try:
+            if kind == "seg" and name.endswith(".jsonl") and "/" not in name:
+                segments[Layout.seq_of(key)] = key
+                continue
+            if kind == "manifest" and name.endswith(".json") and "/" not in name:
+                manifests[Layout.seq_of(key)] = key
+                continue
+        except ValueError:
+            pass
+        if kind != "base":
+            check.warnings.append(f"unexpected object {key!r}")
+
+    # --- manifests ---------------------------------------------------------------------------
+    try:
+        latest = store.latest_manifest(sid, inc)
+    except CorruptObjectError as exc:
+        check.faults.append(str(exc))
+        latest = None
+    for gen, key in sorted(manifests.items()):
+        if latest is not None and gen == latest.generation:
+            continue
+        try:
+            obj = store.options.retry.call(functools.partial(store.objects.get, key))
+        except ObjectNotFoundError:
+            continue  # deleted by GC since the listing: it was retired anyway
+        try:
+            m = Manifest.from_json(key, obj.data)
+        except CorruptObjectError as exc:
+            check.faults.append(str(exc))
+            continue
+        if m.generation != gen:
+            check.faults.append(f"manifest {key!r} says generation {m.generation}")
+    base_entries: list[dict[str, Any]] = []
+    if latest is not None:
+        check.generation = latest.generation
+        mkey = layout.manifest(sid, inc, latest.generation)
+        raw = latest.raw
+        if len(latest.seq_counts) != latest.through_seq:
+            check.faults.append(
+                f"manifest {mkey!r}: seq_counts has {len(latest.seq_counts)} entries for "
+                f"through_seq {latest.through_seq}"
+            )
+        for name, want in (("session_id", sid), ("incarnation", inc)):
+            if name in raw and raw[name] != want:
+                check.faults.append(f"manifest {mkey!r} names {name} {raw[name]!r}")
+        for base in latest.bases:
+            bkey = str(base.get("key", ""))
+            try:
+                obj = store.options.retry.call(functools.partial(store.objects.get, bkey))
+            except ObjectNotFoundError:
+                check.faults.append(f"manifest {mkey!r} names base {bkey!r}, which does not exist")
+                continue
+            try:
+                got = decode_segment(bkey, obj.data, base.get(_SHA_KEY))
+            except CorruptObjectError as exc:
+                check.faults.append(str(exc))
+                continue
+            if isinstance(base.get("entries"), int) and base["entries"] != len(got):
+                check.faults.append(
+                    f"base {bkey!r} holds {len(got)} entries, the manifest says {base['entries']}"
+                )
+            base_entries.extend(got)
+        if not check.faults and len(base_entries) != sum(latest.seq_counts):
+            check.faults.append(
+                f"bases of {mkey!r} hold {len(base_entries)} entries, its seq_counts add up to "
+                f"{sum(latest.seq_counts)}"
+            )
+
+    # --- segments ----------------------------------------------------------------------------
+    first = latest.through_seq + 1 if latest else 1
+    live = sorted(s for s in segments if s >= first)
+    contiguous = 0
+    for s in live:
+        if s != first + contiguous:
+            break
+        contiguous += 1
+    if contiguous != len(live):
+        have = set(live)
+        missing = [n for n in range(first, live[-1] + 1) if n not in have]
+        shown = ", ".join(str(n) for n in missing[:_SHOW]) + (" ..." if len(missing) > _SHOW else "")
+        check.faults.append(
+            f"segment gap: {len(missing)} missing between {first} and {live[-1]} ({shown}); "
+            "readers stop at the gap"
+        )
+    true_seq = first - 1 + contiguous
+    entries: list[dict[str, Any]] = list(base_entries)
+    for s in live:
+        obj = _get(store, segments[s])
+        try:
+            entries.extend(decode_segment(segments[s], obj.data, obj.metadata.get(_SHA_KEY)))
+        except CorruptObjectError as exc:
+            check.faults.append(str(exc))
+    check.segments = len(live)
+
+    # --- fork --------------------------------------------------------------------------------
+    inherited: list[dict[str, Any]] = []
+    if header.fork is not None:
+        fork = header.fork
+        check.fork_of = fork.session_id
+        try:
+            src_header = store.get_header(fork.session_id)
+            if src_header.incarnation != fork.incarnation:
+                check.faults.append(
+                    f"fork source {fork.session_id!r} was deleted (it has another incarnation now)"
+                )
+            else:
+                src = store.read_session(fork.session_id)
+                by_id = {str(e["id"]): e for e in src.all_entries}
+                inherited = [dict(e) for e in branch_path(by_id, fork.entry_id)]
+                if not inherited:
+                    check.faults.append(
+                        f"fork point {fork.entry_id!r} is not in the source {fork.session_id!r}"
+                    )
+        except SessionNotFoundError:
+            check.faults.append(f"fork source {fork.session_id!r} does not exist")
+        except SessionStoreError as exc:
+            check.faults.append(f"fork source {fork.session_id!r} unreadable: {exc}")
+
+    # --- entries -----------------------------------------------------------------------------
+    seen: set[str] = set()
+    dups: list[str] = []
+    for e in inherited + entries:
+        eid = str(e.get("id"))
+        if eid in seen:
+            dups.append(eid)
+        seen.add(eid)
+    if dups:
+        check.faults.append(f"{len(dups)} duplicate entry ids: {', '.join(dups[:_SHOW])}")
+    orphans = [
+        str(e.get("id"))
+        for e in entries
+        if isinstance(e.get("parentId"), str) and e["parentId"] and e["parentId"] not in seen
+    ]
+    if orphans:
+        check.warnings.append(
+            f"{len(orphans)} entries whose parent is not in the session (pi shows them as roots): "
+            + ", ".join(orphans[:_SHOW])
+        )
+    if not dups:
+        try:
+            Session(header.pi_header, inherited + entries)
+        except InvalidInputError as exc:
+            check.faults.append(f"pi could not open the session: {exc}")
+    check.entries = len(inherited) + len(entries)
+
+    # --- Redis -------------------------------------------------------------------------------
+    if redis_error:
+        check.warnings.append(f"Redis not compared: {redis_error}")
+    elif redis_state is not None and redis_state.inc == inc and contiguous == len(live):
+        if redis_state.seq > true_seq:
+            check.faults.append(
+                f"Redis's tail (segment {redis_state.seq}) is ahead of the object store "
+                f"(segment {true_seq})"
+            )
+        elif redis_state.seq == true_seq and not check.faults:
+            last = str(entries[-1]["id"]) if entries else (header.fork.entry_id if header.fork else "")
+            if redis_state.last != last or redis_state.count != check.entries:
+                check.faults.append(
+                    f"Redis's tail (last {redis_state.last!r}, {redis_state.count} entries) disagrees "
+                    f"with the object store (last {last!r}, {check.entries} entries) at segment {true_seq}"
+                )
+    return check
