@@ -533,7 +533,13 @@ class SessionStore:
     def load_session_entries(self, session_id: str) -> list[dict[str, Any]]:
         """Every entry of the session in commit order (a fork's inherited path first)."""
         sid = check_session_id(session_id)
-        return self.read_session(sid).all_entries
+        entries = self.read_session(sid).all_entries
+        from store.session import REDACTION_TYPE, Session
+
+        if any(e.get("type") == REDACTION_TYPE for e in entries):
+            # Raw readers see redactions too: the targets come back as tombstones.
+            return list(Session({}, entries, validated=True).entries)
+        return entries
 
     def read_session(self, session_id: str) -> SessionData:
         sid = check_session_id(session_id)
@@ -800,7 +806,8 @@ class SessionStore:
         from store.session import Session
 
         data = self.read_session(session_id)
-        return Session(data.header.pi_header, data.all_entries)
+        # Validated on append (or by the strict decoder), acyclic by construction.
+        return Session(data.header.pi_header, data.all_entries, validated=True)
 
     def open_session(self, session_id: str, *, strict: bool = False) -> "SessionManager":
         """pi's ``SessionManager`` API over this store (see ``store.manager``)."""

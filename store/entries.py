@@ -19,6 +19,7 @@ from typing import Any, Iterable, Sequence
 import orjson
 
 from store.errors import BatchTooLargeError, CorruptObjectError, InvalidEntryError
+from store.session import validate_entry
 
 MAX_ID_LENGTH = 256
 DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
@@ -115,6 +116,9 @@ def prepare_batch(
             raise InvalidEntryError("duplicate id within the batch", index=i, entry_id=eid)
         if parent == eid:
             raise InvalidEntryError("an entry cannot be its own parent", index=i, entry_id=eid)
+        # What the session model (pi's semantics) could not read back is refused here, so an
+        # acknowledged append can never make a session unreadable.
+        validate_entry(entry, i)
         _check_finite(entry, i, eid)
         try:
             line = orjson.dumps(entry)
@@ -189,6 +193,10 @@ def _decode_strict(key: str, data: bytes, checksum: str | None) -> list[dict[str
         eid = value.get("id")
         if not isinstance(eid, str) or not eid:
             raise CorruptObjectError(key, lineno, "entry without a string id")
+        try:
+            validate_entry(value)
+        except InvalidEntryError as exc:
+            raise CorruptObjectError(key, lineno, str(exc)) from None
         out.append(value)
     if checksum:
         raise CorruptObjectError(key, 0, "checksum mismatch: the object's bytes were altered")

@@ -427,7 +427,6 @@ def parse_s3_url(url: str) -> S3Config:
 class S3ObjectStore(ObjectStore):
     def __init__(self, config: S3Config, *, client: Any = None) -> None:
         super().__init__()
-        import boto3
         from botocore.config import Config
 
         self.config = config
@@ -441,8 +440,7 @@ class S3ObjectStore(ObjectStore):
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
             )
-            session = boto3.session.Session()
-            client = session.client(
+            client = _boto_session().client(
                 "s3",
                 endpoint_url=config.endpoint_url,
                 region_name=config.region or os.environ.get("AWS_REGION") or "us-east-1",
@@ -571,6 +569,31 @@ class S3ObjectStore(ObjectStore):
             pass
 
 
+_BOTO_SESSION: Any = None
+_BOTO_LOCK = threading.Lock()
+
+
+def _boto_session() -> Any:
+    """One boto3 session per process: each new one reloads the S3 service model (~0.4 s).
+    Creating clients from a session is not thread-safe, hence the lock around it."""
+    import boto3
+
+    global _BOTO_SESSION
+    with _BOTO_LOCK:
+        if _BOTO_SESSION is None:
+            _BOTO_SESSION = boto3.session.Session()
+        return _LockedSession(_BOTO_SESSION)
+
+
+class _LockedSession:
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def client(self, *args: Any, **kwargs: Any) -> Any:
+        with _BOTO_LOCK:
+            return self._session.client(*args, **kwargs)
+
+
 _TRANSIENT_CODES = {
     "SlowDown",
     "ServiceUnavailable",
@@ -591,6 +614,8 @@ def _s3_error(exc: Exception, key: str, *, writing: bool = False) -> Exception:
         ClientError,
         ConnectionError as BotoConnectionError,
         HTTPClientError,
+        NoCredentialsError,
+        PartialCredentialsError,
     )
 
     if isinstance(exc, ClientError):
@@ -608,6 +633,8 @@ def _s3_error(exc: Exception, key: str, *, writing: bool = False) -> Exception:
         if status in (409, 429) or status >= 500 or code in _TRANSIENT_CODES:
             return BackendUnavailableError(f"S3 {code or status} on {key!r}: {exc}")
         return BackendRefusedError(f"S3 {code or status} on {key!r}: {exc}")
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return BackendRefusedError(f"S3 credentials missing for {key!r}: {exc}")
     if isinstance(exc, (BotoConnectionError, HTTPClientError, BotoCoreError, OSError)):
         return BackendUnavailableError(f"S3 request for {key!r} failed: {exc}")
     return exc

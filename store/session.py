@@ -583,13 +583,24 @@ class Session:
     _children: dict[str | None, list[Entry]]
     _name: str | None
 
-    def __init__(self, header: Mapping[str, Any], entries: Iterable[Mapping[str, Any]]) -> None:
+    def __init__(
+        self,
+        header: Mapping[str, Any],
+        entries: Iterable[Mapping[str, Any]],
+        *,
+        validated: bool = False,
+    ) -> None:
+        """``validated=True``: every entry already passed :func:`validate_entry` and the set is
+        known to be acyclic (the store's reader: appends are validated and parents always
+        precede children), so the per-entry checks are skipped. Duplicate ids are still
+        refused, and walks keep their own cycle guard either way."""
         if not isinstance(header, Mapping):
             raise InvalidInputError("a session header must be a JSON object")
         raw: list[Entry] = []
         by_id: dict[str, Entry] = {}
         for index, entry in enumerate(entries):
-            validate_entry(entry, index)
+            if not validated:
+                validate_entry(entry, index)
             entry = cast(Entry, entry)  # validate_entry admits dicts only
             entry_id = entry["id"]
             if entry_id in by_id:
@@ -600,7 +611,8 @@ class Session:
                 )
             by_id[entry_id] = entry
             raw.append(entry)
-        check_acyclic(by_id, raw)
+        if not validated:
+            check_acyclic(by_id, raw)
 
         # Redactions apply whatever their position relative to the target. Tombstones already
         # stored as such (compacted bases) are redacted entries too, whether or not their

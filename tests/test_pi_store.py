@@ -352,6 +352,7 @@ def test_redaction_hides_content_everywhere_a_reader_looks(store: SessionStore) 
     assert tomb is not None and tomb["redacted"]["reason"] == "credential leaked"
     assert tomb["parentId"] is None and tomb["type"] == "message"
     assert canary not in json.dumps(list(session.entries))
+    assert canary not in json.dumps(store.load_session_entries("red"))
     assert canary not in json.dumps(session.build_context())
     assert canary not in store.export_pi_session("red")
     assert [m["role"] for m in session.build_context()["messages"]] == ["assistant"]

@@ -335,3 +335,24 @@ def test_store_refuses_a_backend_that_ignores_conditional_writes(redis_url: str,
     unsafe.create_session("risky")
     assert unsafe.append_session_entries("risky", [entry("a", None)]).seq == 1
     unsafe.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"type": "message", "id": "m", "parentId": None, "message": None},
+        {"type": "message", "id": "m", "parentId": None},
+        {"type": "label", "id": "l", "parentId": None, "targetId": 5},
+        {"type": "session_info", "id": "i", "parentId": None, "name": ["x"]},
+        {"type": "redaction", "id": "r", "parentId": None, "targetId": "", "reason": "x"},
+    ],
+    ids=["null message", "no message", "label target", "name not string", "redaction target"],
+)
+def test_entries_the_session_model_cannot_read_are_refused(store: SessionStore, bad: dict[str, Any]) -> None:
+    store.create_session("pi")
+    store.append_session_entries("pi", [entry("a", None)])
+    before = snapshot(store)
+    with pytest.raises(InvalidEntryError):
+        store.append_session_entries("pi", [bad])
+    assert snapshot(store) == before
+    store.load_session("pi").build_context()  # still readable

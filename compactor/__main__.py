@@ -1,0 +1,155 @@
+"""``python -m compactor`` / ``sessionstore-compactor``: the worker and operator commands.
+
+::
+
+    python -m compactor [work] [--burst] ...      serve the job queue (default command)
+    python -m compactor compact SID [SID ...]     compact now, print the results (JSON)
+    python -m compactor gc [SID ...]              GC the given sessions, or all of them
+    python -m compactor history SID               compaction records, newest first
+    python -m compactor parked                    parked jobs and their errors
+
+Configuration: ``--objects`` / ``SESSIONSTORE_OBJECTS_URL``, ``--redis`` /
+``SESSIONSTORE_REDIS_URL``, ``--redis-prefix`` / ``SESSIONSTORE_REDIS_PREFIX``, ``--grace`` /
+``SESSIONSTORE_COMPACTOR_GRACE`` (seconds). Logs are JSON lines on stderr; command results
+are JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import asdict
+from typing import Any, Sequence
+
+import orjson
+
+from compactor.compact import Compactor
+from compactor.config import DEFAULT_GRACE_MS, CompactorOptions, WorkerOptions
+from compactor.jobs import JobQueue
+from compactor.logs import configure
+from compactor.worker import Worker
+from store.core import SessionStore
+from store.errors import SessionStoreError
+
+_COMMANDS = ("work", "compact", "gc", "history", "parked")
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    d = CompactorOptions(worker="-")
+    env = os.environ.get
+    p.add_argument("--objects", default=env("SESSIONSTORE_OBJECTS_URL"),
+                   help="object store URL: s3://bucket/prefix?endpoint=..., file:///path "
+                        "(env SESSIONSTORE_OBJECTS_URL)")
+    p.add_argument("--redis", default=env("SESSIONSTORE_REDIS_URL"),
+                   help="redis://host:6379/0 (env SESSIONSTORE_REDIS_URL; default: the embedded "
+                        "Redis beside a file:// store)")
+    p.add_argument("--redis-prefix", default=env("SESSIONSTORE_REDIS_PREFIX", "ss"),
+                   help="Redis key prefix (env SESSIONSTORE_REDIS_PREFIX, default ss)")
+    p.add_argument("--grace", type=float,
+                   default=float(env("SESSIONSTORE_COMPACTOR_GRACE", DEFAULT_GRACE_MS / 1000)),
+                   help="seconds before retired objects and orphans are deleted "
+                        "(env SESSIONSTORE_COMPACTOR_GRACE, default %(default)s)")
+    p.add_argument("--max-base-bytes", type=int, default=d.max_base_bytes,
+                   help="cut base objects after this many bytes")
+    p.add_argument("--max-segments", type=int, default=d.max_segments,
+                   help="segments merged by one compaction at most")
+    p.add_argument("--name", default="", help="worker name (default host-pid-random)")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(prog="python -m compactor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("work", parents=[common], help="serve the job queue")
+    d = WorkerOptions()
+    w.add_argument("--burst", action="store_true", help="drain the queue, then exit")
+    w.add_argument("--group", default=d.group, help="consumer group (default %(default)s)")
+    w.add_argument("--claim-idle", type=float, default=d.claim_idle_ms / 1000,
+                   help="take over jobs pending this many seconds (default %(default)s)")
+    w.add_argument("--max-deliveries", type=int, default=d.max_deliveries,
+                   help="park a job after this many failed deliveries (default %(default)s)")
+    w.add_argument("--block", type=float, default=d.block_ms / 1000,
+                   help="seconds to wait for a job per pass (default %(default)s)")
+    w.add_argument("--heartbeat", type=float, default=d.heartbeat_interval_ms / 1000,
+                   help="seconds between heartbeats (default %(default)s)")
+    w.add_argument("--gc-interval", type=float, default=d.gc_interval_ms / 1000,
+                   help="seconds between full GC passes, 0 for none (default %(default)s)")
+    c = sub.add_parser("compact", parents=[common], help="compact sessions now")
+    c.add_argument("sessions", nargs="+")
+    g = sub.add_parser("gc", parents=[common], help="garbage-collect sessions (all by default)")
+    g.add_argument("sessions", nargs="*")
+    h = sub.add_parser("history", parents=[common], help="compaction history of a session")
+    h.add_argument("session")
+    sub.add_parser("parked", parents=[common], help="list parked jobs")
+    return parser
+
+
+def _print(value: Any) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2, default=repr).decode() + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if not args_list or args_list[0] not in _COMMANDS and args_list[0] not in ("-h", "--help"):
+        args_list.insert(0, "work")
+    args = _parser().parse_args(args_list)
+    configure(args.log_level)
+    if not args.objects:
+        print("error: --objects or SESSIONSTORE_OBJECTS_URL is required", file=sys.stderr)
+        return 2
+    options = CompactorOptions(
+        grace_ms=int(args.grace * 1000),
+        max_base_bytes=args.max_base_bytes,
+        max_segments=args.max_segments,
+        worker=args.name,
+    )
+    try:
+        store = SessionStore.from_url(args.objects, args.redis, redis_prefix=args.redis_prefix)
+    except SessionStoreError as exc:
+        print(f"error: cannot open the store: {exc}", file=sys.stderr)
+        return 2
+    try:
+        compactor = Compactor(store, options)
+        if args.command == "work":
+            worker = Worker(
+                compactor,
+                WorkerOptions(
+                    group=args.group,
+                    claim_idle_ms=int(args.claim_idle * 1000),
+                    max_deliveries=args.max_deliveries,
+                    block_ms=max(1, int(args.block * 1000)),
+                    heartbeat_interval_ms=int(args.heartbeat * 1000),
+                    gc_interval_ms=int(args.gc_interval * 1000),
+                ),
+            )
+            return worker.run(burst=args.burst)
+        if args.command == "compact":
+            _print([asdict(compactor.compact_session(sid)) for sid in args.sessions])
+        elif args.command == "gc":
+            if args.sessions:
+                results = [compactor.gc_session(sid) for sid in args.sessions]
+            else:
+                results = [compactor.gc()]
+            _print([{"sessions": r.sessions, "deleted": len(r.deleted), "waiting": r.waiting,
+                     "errors": list(r.errors)} for r in results])
+        elif args.command == "history":
+            _print([asdict(r) for r in compactor.history(args.session)])
+        elif args.command == "parked":
+            queue = JobQueue(store.coord, group=WorkerOptions().group, consumer=options.worker)
+            _print({sid: asdict(p) for sid, p in queue.parked().items()})
+        return 0
+    except SessionStoreError as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

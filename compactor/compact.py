@@ -1,0 +1,512 @@
+"""One compaction: manifest g + the segments after it -> new bases + manifest g+1.
+
+Protocol (several workers on several machines may run it on the same session at once; any of
+them may die at any point):
+
+1. Read the header (incarnation) and the latest manifest g; list the segments after it
+   (contiguous from ``through_seq + 1``, at most ``max_segments``).
+2. Pass 1: GET g's bases and those segments one at a time, verify them (a corrupt object
+   fails the compaction with ``CorruptObjectError``), learn every redaction, count entries
+   per segment, and spool the bytes to a local temporary file. Memory holds one object.
+3. Pass 2: replay the spool in commit order, replacing redacted targets by their tombstones,
+   and cut the output into base objects of at most ``max_base_bytes``, each created with
+   If-None-Match under a key no one else uses (``<gen>-<started ms>-<token>-<part>``).
+4. Create ``manifest/<g+1>`` with If-None-Match. That one request is the only arbiter: the
+   worker whose create wins has compacted; a loser deletes its own bases and reports ``lost``.
+   A worker that dies before this step leaves bases no manifest names: GC removes them as
+   orphans after the grace period.
+5. Tell Redis how many segments and bytes the manifest merged (the compaction trigger's
+   counters). Best effort: Redis is a cache, and a rebuild recounts from the manifest.
+
+Nothing is deleted here (except a loser's own, never-referenced bases): the previous manifest,
+its bases and the merged segments stay readable for the grace period, which is what lets a
+reader that loaded manifest g a moment ago finish its read (see ``compactor/gc.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import tempfile
+import uuid
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import IO, Any, Iterator
+
+import orjson
+
+from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
+from compactor.records import (
+    MANIFEST_SCHEMA,
+    BaseRef,
+    CompactionRecord,
+    CompactionResult,
+    GcResult,
+    iso_ms,
+)
+from compactor.redaction import RedactionIndex
+from store.core import Manifest, SessionStore
+from store.entries import decode_segment
+from store.errors import (
+    BackendError,
+    BackendUnavailableError,
+    CorruptObjectError,
+    IndeterminateError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
+from store.layout import Layout, check_session_id
+
+log = logging.getLogger("sessionstore.compactor")
+
+_SHA_KEY = "sha256"
+_NONCE_KEY = "nonce"
+# A source vanished mid-compaction: another worker's newer manifest retired it and the grace
+# period ran out. Start over from the newest manifest, a few times at most.
+_MAX_RESTARTS = 3
+
+
+class _SourceGone(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """One input object as spooled: where its bytes sit in the spool file."""
+
+    key: str
+    checksum: str | None
+    #: The segment number, or 0 for a previous base.
+    seq: int
+    offset: int
+    length: int
+    entries: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    sources: tuple[_Source, ...]
+    redactions: RedactionIndex
+    seq_counts: tuple[int, ...]
+    entries: int
+    last_entry_id: str
+    bytes_in: int
+    segment_bytes: int
+
+
+class Compactor:
+    """Compaction and garbage collection of the sessions of one ``SessionStore``.
+
+    Operators call :meth:`compact_session` and :meth:`gc` directly; ``python -m compactor``
+    runs them from the job queue (``compactor.worker``).
+    """
+
+    def __init__(
+        self,
+        store: SessionStore,
+        options: CompactorOptions | None = None,
+        *,
+        now: Clock = wall_clock_ms,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        self.store = store
+        self.options = options or CompactorOptions()
+        self.now = now
+        self.fault_hook = fault_hook
+        from compactor.gc import GarbageCollector
+
+        self._gc = GarbageCollector(self)
+
+    @property
+    def worker(self) -> str:
+        return self.options.worker
+
+    def fault(self, point: str, **ctx: Any) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(point, ctx)
+
+    # --- public API --------------------------------------------------------------------------
+
+    def compact_session(self, session_id: str) -> CompactionResult:
+        """Merge the segments after the latest manifest into new bases and manifest g+1."""
+        sid = check_session_id(session_id)
+        for _ in range(_MAX_RESTARTS):
+            try:
+                return self._compact_once(sid)
+            except _SourceGone as gone:
+                log.info("source vanished, restarting", extra={"session_id": sid, "key": str(gone)})
+        raise BackendUnavailableError(
+            f"session {sid!r}: the manifest kept changing under the compaction; try again later"
+        )
+
+    def gc_session(self, session_id: str) -> GcResult:
+        """Delete what no manifest or tail of the session reaches once its grace is over."""
+        return self._gc.collect_session(check_session_id(session_id))
+
+    def gc(self) -> GcResult:
+        """:meth:`gc_session` for every session directory in the bucket."""
+        return self._gc.collect()
+
+    def history(self, session_id: str) -> list[CompactionRecord]:
+        """The compactions of the session's current incarnation, newest first."""
+        sid = check_session_id(session_id)
+        header = self.store.get_header(sid)
+        manifest = self.store.latest_manifest(sid, header.incarnation)
+        if manifest is None:
+            return []
+        raw = manifest.raw
+        out = [CompactionRecord.from_json(manifest.generation, dict(raw.get("compaction") or {}))]
+        for item in raw.get("history") or []:
+            out.append(CompactionRecord.from_json(0, dict(item)))
+        return out
+
+    # --- one attempt -------------------------------------------------------------------------
+
+    def _compact_once(self, sid: str) -> CompactionResult:
+        store = self.store
+        header = store.get_header(sid)
+        inc = header.incarnation
+        started_ms = self.now()
+        previous = store.latest_manifest(sid, inc)
+        first = previous.through_seq + 1 if previous else 1
+        segments, more = self._segments_from(sid, inc, first)
+        if not segments:
+            return CompactionResult(sid, "nothing", generation=previous.generation if previous else 0)
+        gen = (previous.generation if previous else 0) + 1
+        with tempfile.TemporaryFile(prefix="sessionstore-compact-") as spool:
+            scan = self._scan(sid, inc, previous, segments, spool)
+            self.fault("compact.after_scan", session_id=sid, generation=gen)
+            token = uuid.uuid4().hex
+            writer = _BaseWriter(self, sid, inc, f"{gen:016d}-{started_ms}-{token}")
+            try:
+                purged = self._write_bases(scan, spool, writer)
+            except BaseException:
+                writer.delete_all()
+                raise
+        bases = writer.bases
+        self.fault("compact.after_base", session_id=sid, generation=gen, keys=[b.key for b in bases])
+        self._check_not_too_slow(sid, started_ms, writer)
+        first_seq, last_seq = segments[0][0], segments[-1][0]
+        finished_ms = self.now()
+        manifest = self._manifest(
+            sid, inc, gen, previous, scan, bases, (first_seq, last_seq), purged, started_ms,
+            finished_ms, segments,
+        )
+        mkey = store.layout.manifest(sid, inc, gen)
+        self.fault("compact.before_manifest", session_id=sid, generation=gen, key=mkey)
+        if not self._create_manifest(mkey, orjson.dumps(manifest), token):
+            writer.delete_all()
+            log.info(
+                "lost the race for a manifest",
+                extra={"session_id": sid, "generation": gen, "deleted_bases": len(bases)},
+            )
+            return CompactionResult(sid, "lost", generation=gen, manifest_key=mkey)
+        self.fault("compact.after_manifest", session_id=sid, generation=gen, key=mkey)
+        try:
+            store.coord.compacted(sid, inc, len(segments), scan.segment_bytes)
+        except BackendError as exc:
+            log.warning("pending counters not updated", extra={"session_id": sid, "error": str(exc)})
+        result = CompactionResult(
+            sid,
+            "compacted",
+            generation=gen,
+            manifest_key=mkey,
+            segments_merged=(first_seq, last_seq),
+            segment_count=len(segments),
+            entries=scan.entries,
+            bytes_in=scan.bytes_in,
+            segment_bytes=scan.segment_bytes,
+            bytes_out=sum(b.bytes for b in bases),
+            redactions_purged=purged,
+            base_keys=tuple(b.key for b in bases),
+            more_pending=more,
+        )
+        log.info(
+            "compacted",
+            extra={
+                "session_id": sid,
+                "generation": gen,
+                "segments": [first_seq, last_seq],
+                "entries": scan.entries,
+                "bytes_in": scan.bytes_in,
+                "bytes_out": result.bytes_out,
+                "redactions_purged": purged,
+            },
+        )
+        return result
+
+    def _segments_from(self, sid: str, inc: str, first: int) -> tuple[list[tuple[int, str]], bool]:
+        """Segments first, first+1, ... up to the first gap; (at most max_segments, more?)."""
+        layout = self.store.layout
+        prefix = layout.segment_prefix(sid, inc)
+        start_after = layout.segment(sid, inc, first - 1) if first > 1 else None
+        limit = self.options.max_segments
+        infos = self.store.options.retry.call(
+            lambda: list(itertools.islice(self.store.objects.list(prefix, start_after), limit + 1))
+        )
+        out: list[tuple[int, str]] = []
+        for info in infos:
+            try:
+                seq = Layout.seq_of(info.key)
+            except ValueError:
+                break  # not a segment name: treat like a gap, never merge past it
+            if seq != first + len(out):
+                break
+            out.append((seq, info.key))
+        more = len(out) > limit
+        return out[:limit], more
+
+    def _get(self, key: str) -> Any:
+        try:
+            return self.store.options.retry.call(lambda: self.store.objects.get(key))
+        except ObjectNotFoundError:
+            raise _SourceGone(key) from None
+
+    def _scan(
+        self,
+        sid: str,
+        inc: str,
+        previous: Manifest | None,
+        segments: list[tuple[int, str]],
+        spool: IO[bytes],
+    ) -> _Scan:
+        redactions = RedactionIndex()
+        sources: list[_Source] = []
+        seq_counts = list(previous.seq_counts) if previous else []
+        offset = 0
+        entries = 0
+        last_id = ""
+        bytes_in = 0
+        segment_bytes = 0
+
+        def take(key: str, data: bytes, checksum: str | None, seq: int) -> int:
+            nonlocal offset, entries, last_id, bytes_in
+            decoded = decode_segment(key, data, checksum)
+            for entry in decoded:
+                redactions.observe(entry)
+            if decoded:
+                last_id = str(decoded[-1]["id"])
+            spool.write(data)
+            sources.append(_Source(key, checksum, seq, offset, len(data), len(decoded)))
+            offset += len(data)
+            entries += len(decoded)
+            bytes_in += len(data)
+            return len(decoded)
+
+        specs: list[tuple[str, str | None, int]] = [
+            (str(b["key"]), b.get(_SHA_KEY), 0) for b in (previous.bases if previous else ())
+        ]
+        specs.extend((key, None, seq) for seq, key in segments)
+        # The bases must hold what the manifest counts, or seq numbers would shift.
+        unchecked = previous is not None
+        base_entries = 0
+        for (key, checksum, seq), obj in self._fetch_ahead(specs):
+            if seq == 0:
+                base_entries += take(key, obj.data, checksum, 0)
+                continue
+            if unchecked and previous is not None:
+                if base_entries != sum(previous.seq_counts):
+                    raise CorruptObjectError(
+                        self.store.layout.manifest(sid, inc, previous.generation),
+                        0,
+                        f"bases hold {base_entries} entries, the manifest counts "
+                        f"{sum(previous.seq_counts)}",
+                    )
+                unchecked = False
+            seq_counts.append(take(key, obj.data, obj.metadata.get(_SHA_KEY), seq))
+            segment_bytes += len(obj.data)
+        return _Scan(
+            tuple(sources), redactions, tuple(seq_counts), entries, last_id, bytes_in, segment_bytes
+        )
+
+    def _fetch_ahead(
+        self, specs: list[tuple[str, str | None, int]]
+    ) -> Iterator[tuple[tuple[str, str | None, int], Any]]:
+        """GET the objects in order, ``read_ahead`` requests in flight (and in memory)."""
+        ahead = self.options.read_ahead
+        with ThreadPoolExecutor(max_workers=ahead, thread_name_prefix="compactor-read") as pool:
+            window: deque[tuple[tuple[str, str | None, int], Future[Any]]] = deque()
+            pending = iter(specs)
+            for spec in itertools.islice(pending, ahead):
+                window.append((spec, pool.submit(self._get, spec[0])))
+            try:
+                while window:
+                    spec, fut = window.popleft()
+                    obj = fut.result()
+                    nxt = next(pending, None)
+                    if nxt is not None:
+                        window.append((nxt, pool.submit(self._get, nxt[0])))
+                    yield spec, obj
+            finally:
+                for _, fut in window:
+                    fut.cancel()
+
+    def _write_bases(self, scan: _Scan, spool: IO[bytes], writer: "_BaseWriter") -> int:
+        """Pass 2. Returns the number of entries whose content was replaced by a tombstone."""
+        purged = 0
+        for source in scan.sources:
+            spool.seek(source.offset)
+            data = spool.read(source.length)
+            if not len(scan.redactions):
+                # Verified bytes exactly as a writer (or an earlier compaction) encoded them.
+                writer.add(data, source.entries)
+                continue
+            out: list[bytes] = []
+            changed = False
+            for entry in decode_segment(source.key, data, source.checksum):
+                kept = scan.redactions.apply(entry)
+                if kept is not entry and kept != entry:
+                    purged += 1
+                    changed = True
+                out.append(orjson.dumps(kept) + b"\n")
+            writer.add(b"".join(out) if changed else data, source.entries)
+        writer.flush()
+        return purged
+
+    def _check_not_too_slow(self, sid: str, started_ms: int, writer: "_BaseWriter") -> None:
+        """Refuse to publish bases that GC may already count as orphans.
+
+        GC deletes an unreferenced base once its key's start time is a grace period old. A
+        compaction that took half of that (a long pause, a huge session) gives up instead of
+        creating a manifest that might name a deleted base.
+        """
+        grace = self.options.grace_ms
+        if grace > 0 and self.now() - started_ms > grace // 2:
+            writer.delete_all()
+            raise BackendUnavailableError(
+                f"session {sid!r}: compaction took more than half the grace period "
+                f"({grace} ms); bases withdrawn, the job will be retried"
+            )
+
+    def _manifest(
+        self,
+        sid: str,
+        inc: str,
+        gen: int,
+        previous: Manifest | None,
+        scan: _Scan,
+        bases: list[BaseRef],
+        merged: tuple[int, int],
+        purged: int,
+        started_ms: int,
+        finished_ms: int,
+        segments: list[tuple[int, str]],
+    ) -> dict[str, Any]:
+        layout = self.store.layout
+        retired: list[str] = []
+        history: list[dict[str, Any]] = []
+        if previous is not None:
+            retired.append(layout.manifest(sid, inc, previous.generation))
+            retired.extend(str(b["key"]) for b in previous.bases)
+            prev_record = previous.raw.get("compaction")
+            if isinstance(prev_record, dict):
+                history.append({**prev_record, "generation": previous.generation})
+            history.extend(h for h in previous.raw.get("history") or [] if isinstance(h, dict))
+        retired.extend(key for _, key in segments)
+        grace = self.options.grace_ms
+        return {
+            "schema": MANIFEST_SCHEMA,
+            "session_id": sid,
+            "incarnation": inc,
+            "generation": gen,
+            "previous_generation": previous.generation if previous else 0,
+            "through_seq": merged[1],
+            "seq_counts": list(scan.seq_counts),
+            "bases": [b.to_json() for b in bases],
+            "entry_count": scan.entries,
+            "last_entry_id": scan.last_entry_id,
+            "compaction": {
+                "segments_merged": [merged[0], merged[1]],
+                "segment_count": len(segments),
+                "entries": scan.entries,
+                "entries_merged": sum(scan.seq_counts[merged[0] - 1 :]),
+                "bytes_in": scan.bytes_in,
+                "segment_bytes": scan.segment_bytes,
+                "bytes_out": sum(b.bytes for b in bases),
+                "redactions_purged": purged,
+                "worker": self.worker,
+                "started_at": iso_ms(started_ms),
+                "finished_at": iso_ms(finished_ms),
+                "started_at_ms": started_ms,
+                "finished_at_ms": finished_ms,
+            },
+            "retired": retired,
+            "grace_ms": grace,
+            "delete_after_ms": finished_ms + grace,
+            "history": history[: self.options.history_limit],
+        }
+
+    def _create_manifest(self, key: str, data: bytes, nonce: str) -> bool:
+        """Create the manifest if absent. True if ours is the one that exists."""
+        objects = self.store.objects
+        try:
+            self.store.options.retry.call(
+                lambda: objects.put_if_absent(key, data, {_NONCE_KEY: nonce})
+            )
+            return True
+        except ObjectExistsError:
+            pass  # another worker's, or our own earlier attempt whose answer was lost
+        except BackendUnavailableError as exc:
+            # Outcome unknown. One look decides; if it cannot, the job fails and our bases
+            # stay: should the create still land, they are what it names (and otherwise GC
+            # removes them as orphans).
+            try:
+                obj = objects.get(key)
+            except (ObjectNotFoundError, BackendError):
+                raise IndeterminateError(
+                    f"manifest {key!r}: the create failed and may still land ({exc})"
+                ) from exc
+            return obj.metadata.get(_NONCE_KEY) == nonce
+        obj = self.store.options.retry.call(lambda: objects.get(key))
+        return obj.metadata.get(_NONCE_KEY) == nonce
+
+
+class _BaseWriter:
+    """Cuts pass 2's output into base objects of about ``max_base_bytes`` each."""
+
+    def __init__(self, compactor: Compactor, sid: str, inc: str, stem: str) -> None:
+        self._compactor = compactor
+        self._sid = sid
+        self._inc = inc
+        self._stem = stem
+        self._limit = compactor.options.max_base_bytes
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._entries = 0
+        self.bases: list[BaseRef] = []
+
+    def add(self, data: bytes, entries: int) -> None:
+        self._parts.append(data)
+        self._size += len(data)
+        self._entries += entries
+        if self._size >= self._limit:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._parts:
+            return
+        data = b"".join(self._parts)
+        self._parts.clear()
+        store = self._compactor.store
+        key = store.layout.base(self._sid, self._inc, f"{self._stem}-{len(self.bases):05d}")
+        sha = hashlib.sha256(data).hexdigest()
+        try:
+            store.options.retry.call(lambda: store.objects.put_if_absent(key, data, {_SHA_KEY: sha}))
+        except ObjectExistsError:
+            pass  # the key is ours alone (random token): an earlier attempt of this PUT landed
+        self.bases.append(BaseRef(key, sha, self._entries, len(data)))
+        self._size = 0
+        self._entries = 0
+
+    def delete_all(self) -> None:
+        """Withdraw our bases (never named by a manifest). Best effort: GC is the backstop."""
+        keys = [b.key for b in self.bases]
+        if not keys:
+            return
+        store = self._compactor.store
+        try:
+            store.options.retry.call(lambda: store.objects.delete_many(keys))
+        except BackendError as exc:
+            log.warning("could not delete own bases; GC removes them", extra={"keys": keys, "error": str(exc)})

@@ -1,0 +1,86 @@
+"""Tunables, the clock and the fault-hook type of the compactor.
+
+Time matters to the compactor in one place only: the grace period before anything retired is
+deleted. Every decision that compares times uses one injectable clock (``Clock``, epoch
+milliseconds), so tests move time with a fake clock instead of sleeping. The clocks of all
+compactor machines must agree to well within the grace period: a manifest records its
+``finished_at_ms`` on one machine and the GC of another compares it with its own clock.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+#: Epoch milliseconds.
+Clock = Callable[[], int]
+
+#: ``hook(point, ctx)`` called at named points (see docs/compaction.md); tests turn a point
+#: into a crash (``os.kill(os.getpid(), SIGKILL)``), a pause or an exception.
+FaultHook = Callable[[str, dict[str, Any]], None]
+
+DEFAULT_GRACE_MS = 10 * 60 * 1000
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def new_worker_id() -> str:
+    """Unique per process and run: it names the consumer in the job group."""
+    host = socket.gethostname().split(".", 1)[0] or "host"
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in host)[:40]
+    return f"{safe}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True, slots=True)
+class CompactorOptions:
+    """What one compaction and one GC pass may do."""
+
+    #: Retired objects (merged segments, old bases, old manifests) and orphans are deleted only
+    #: this long after they stopped being reachable. It must exceed the longest read, the
+    #: longest pause of a compactor between writing its base and its manifest, the clock skew
+    #: between machines, and any staleness Redis can suffer (docs/compaction.md).
+    grace_ms: int = DEFAULT_GRACE_MS
+    #: A base object is cut after this many bytes (a compaction holds at most one in memory).
+    max_base_bytes: int = 64 * 1024 * 1024
+    #: Segments merged by one compaction at most; a job runs several compactions if needed.
+    max_segments: int = 10_000
+    #: Objects fetched ahead while scanning (memory holds at most this many at once).
+    read_ahead: int = 4
+    #: Compaction records of earlier generations carried forward in each manifest.
+    history_limit: int = 50
+    #: Named in each manifest it writes and in the job group (consumer name).
+    worker: str = ""
+
+    def __post_init__(self) -> None:
+        if self.grace_ms < 0:
+            raise ValueError("grace_ms must be >= 0")
+        if self.max_base_bytes <= 0 or self.max_segments <= 0 or self.read_ahead <= 0:
+            raise ValueError("max_base_bytes, max_segments and read_ahead must be positive")
+        if not self.worker:
+            object.__setattr__(self, "worker", new_worker_id())
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """The job loop of ``python -m compactor``."""
+
+    #: Consumer group on the jobs stream; every worker of a fleet uses the same one.
+    group: str = "compactors"
+    #: A job pending this long with another (presumably dead) worker is taken over.
+    claim_idle_ms: int = 60_000
+    #: Deliveries after which a failing job is parked instead of retried.
+    max_deliveries: int = 5
+    #: XREADGROUP BLOCK; kept below the Redis socket timeout (the worker clamps it).
+    block_ms: int = 1000
+    heartbeat_interval_ms: int = 5_000
+    #: Full GC pass over every session this often (0: only the sessions a job compacted).
+    gc_interval_ms: int = 10 * 60 * 1000
+    #: Jobs taken per XREADGROUP / XAUTOCLAIM call. More than one makes a warm stop strand
+    #: the extra jobs with this consumer until another worker's ``claim_idle_ms`` passes.
+    batch: int = 1

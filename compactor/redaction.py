@@ -1,0 +1,55 @@
+"""Purging redacted content while compacting.
+
+The read-time model (``store.session.Session``) hides the target of every ``redaction`` entry
+behind a tombstone, wherever the redaction sits relative to its target; the earliest
+redaction of an entry is the one its tombstone names, and a redaction of a redaction, or of an
+unknown id, has no effect. Compaction writes exactly that tombstone into the base, so that a
+reader sees the same session before and after (invariant 6) and the content is gone from the
+bucket once the retired objects are deleted.
+
+A redaction may be committed long after its target (the target already sits in a base), or,
+since ``targetId`` is not checked at append time, before it. A compaction therefore learns
+every redaction of the session first (pass 1 over the previous bases and the new segments)
+and only then writes (pass 2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from store.session import REDACTION_TYPE, redaction_tombstone
+
+__all__ = ["RedactionIndex", "REDACTION_TYPE"]
+
+
+class RedactionIndex:
+    """Redactions seen so far, in commit order: target id -> the earliest redaction."""
+
+    __slots__ = ("_first",)
+
+    def __init__(self) -> None:
+        # Only id and reason are kept: the index must stay small for a session of any size.
+        self._first: dict[str, dict[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._first)
+
+    def observe(self, entry: dict[str, Any]) -> None:
+        if entry.get("type") != REDACTION_TYPE:
+            return
+        target = entry.get("targetId")
+        reason = entry.get("reason")
+        # A malformed redaction is refused by the read-time model as a whole session error;
+        # it must not purge anything here either.
+        if not isinstance(target, str) or not target or not isinstance(reason, str):
+            return
+        self._first.setdefault(target, {"id": entry["id"], "reason": reason})
+
+    def targets(self, entry: dict[str, Any]) -> bool:
+        return entry.get("id") in self._first and entry.get("type") != REDACTION_TYPE
+
+    def apply(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """The entry as the base stores it: its tombstone if redacted, else itself."""
+        if not self._first or not self.targets(entry):
+            return entry
+        return redaction_tombstone(entry, self._first[entry["id"]])

@@ -1,0 +1,249 @@
+"""The worker loop of ``python -m compactor``.
+
+Each pass: heartbeat (when due), a full GC pass (when due), take over jobs other workers left
+pending too long (XAUTOCLAIM), else read new ones (XREADGROUP, blocking briefly), and run
+them. A job: park it if it has been delivered too often; clear the session's queued marker;
+compact (repeatedly if more segments wait than one compaction merges); acknowledge; GC that
+session. A failing job stays pending and comes back through XAUTOCLAIM after
+``claim_idle_ms``; on its ``max_deliveries``-th failure it is parked with its error.
+
+Stopping (as rq does it): the first SIGTERM or SIGINT is a warm stop (finish the current job,
+then leave); the second is a cold stop (leave now; the job stays pending and another worker
+takes it over). ``burst=True`` drains the queue and returns (tests, cron). Cleanup (heartbeat
+removed, consumer removed when it holds no job, counters logged) runs in ``finally``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from types import FrameType
+from typing import Any
+
+from compactor.compact import Compactor
+from compactor.config import WorkerOptions, wall_clock_ms
+from compactor.records import CompactionResult
+from compactor.jobs import Job, JobQueue
+from store.errors import BackendError, SessionNotFoundError, SessionStoreError
+
+log = logging.getLogger("sessionstore.compactor.worker")
+
+# Compactions one job may run back to back when a backlog exceeds ``max_segments``.
+_MAX_ROUNDS_PER_JOB = 10
+
+
+class ColdStop(BaseException):
+    """Raised from the signal handler on the second SIGTERM: abandon the current job."""
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Counters of one worker process (mutable state, reported in heartbeats and at exit)."""
+
+    jobs_done: int = 0
+    jobs_failed: int = 0
+    jobs_parked: int = 0
+    jobs_lost: int = 0
+    jobs_empty: int = 0
+    segments_merged: int = 0
+    entries_written: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    redactions_purged: int = 0
+    gc_deleted: int = 0
+    #: Enqueue-to-start delay of the last job and the largest seen (ms).
+    lag_ms_last: int = 0
+    lag_ms_max: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Worker:
+    def __init__(self, compactor: Compactor, options: WorkerOptions | None = None) -> None:
+        self.compactor = compactor
+        self.options = options or WorkerOptions()
+        self.name = compactor.worker
+        self.queue = JobQueue(compactor.store.coord, group=self.options.group, consumer=self.name)
+        self.stats = WorkerStats()
+        self._stopping = False
+        self._started_ms = wall_clock_ms()
+        self._last_heartbeat = float("-inf")
+        self._last_gc = time.monotonic()
+        # XREADGROUP must return before the client's socket timeout reads it as a dead server.
+        timeout_ms = int(compactor.store.options.redis_socket_timeout * 1000)
+        self._block_ms = max(1, min(self.options.block_ms, timeout_ms // 2))
+
+    # --- stopping ----------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Warm stop: finish the current job, then return from :meth:`run`."""
+        self._stopping = True
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._stopping:
+            log.warning("cold stop", extra={"signal": signum})
+            raise ColdStop()
+        log.info("warm stop requested", extra={"signal": signum})
+        self._stopping = True
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def run(self, *, burst: bool = False) -> int:
+        """Serve jobs until stopped (or, with ``burst``, until the queue is drained).
+
+        Returns a process exit code: 0 after a warm stop or a drained burst, 1 after a cold
+        stop or when Redis stayed unreachable in burst mode.
+        """
+        handlers: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                handlers[sig] = signal.signal(sig, self._on_signal)
+        code = 0
+        failures = 0
+        log.info("worker started", extra={"worker": self.name, "burst": burst, "pid": os.getpid()})
+        grouped = False
+        try:
+            while not self._stopping:
+                try:
+                    if not grouped:
+                        self.queue.ensure_group()
+                        grouped = True
+                    self._heartbeat()
+                    if not burst:
+                        self._maybe_gc()
+                    jobs = self.queue.claim_stale(self.options.claim_idle_ms, self.options.batch)
+                    if not jobs:
+                        jobs = self.queue.read_new(self.options.batch, None if burst else self._block_ms)
+                    failures = 0
+                except BackendError as exc:
+                    # A Redis that lost its data (restart without persistence, FLUSHALL) has
+                    # lost the group too (NOGROUP): create it again on the next pass.
+                    grouped = False
+                    failures += 1
+                    log.warning("queue unavailable", extra={"error": str(exc), "attempt": failures})
+                    if burst and failures >= 5:
+                        code = 1
+                        break
+                    time.sleep(min(5.0, 0.1 * 2**failures))
+                    continue
+                if not jobs:
+                    if burst:
+                        break
+                    continue
+                for job in jobs:
+                    if self._stopping:
+                        break  # left pending: another worker claims it after claim_idle_ms
+                    try:
+                        self.process(job)
+                    except BackendError as exc:
+                        # Redis failed around the job (take, ack, park): it stays pending
+                        # and comes back through XAUTOCLAIM.
+                        log.warning("job bookkeeping failed", extra={"job_id": job.id, "error": str(exc)})
+        except ColdStop:
+            code = 1
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            self.queue.leave()
+            log.info("worker stopped", extra={"worker": self.name, "code": code, **self.stats.as_dict()})
+        return code
+
+    def process(self, job: Job) -> None:
+        """Run one job to an outcome: acknowledged, parked, or left pending to retry."""
+        c = self.compactor
+        opts = self.options
+        ctx = {"session_id": job.session_id, "job_id": job.id, "deliveries": job.deliveries}
+        lag = max(0, wall_clock_ms() - job.enqueued_at_ms)
+        self.stats.lag_ms_last = lag
+        self.stats.lag_ms_max = max(self.stats.lag_ms_max, lag)
+        if job.deliveries > opts.max_deliveries:
+            # Delivered again and again without ever finishing or failing: a worker dies on
+            # it (out of memory, killed). Park it before it takes another one down.
+            self._park(job, "TooManyDeliveries", f"delivered {job.deliveries} times without completing")
+            return
+        self.queue.take(job)
+        c.fault("job.after_take", **ctx)
+        try:
+            rounds = 0
+            while True:
+                result = c.compact_session(job.session_id)
+                rounds += 1
+                self._count(result)
+                if result.outcome != "compacted" or not result.more_pending or rounds >= _MAX_ROUNDS_PER_JOB:
+                    break
+        except SessionNotFoundError:
+            log.info("session gone, job dropped", extra=ctx)
+            self.queue.ack(job)
+            return
+        except Exception as exc:
+            self.stats.jobs_failed += 1
+            level = logging.WARNING if isinstance(exc, SessionStoreError) else logging.ERROR
+            log.log(level, "job failed", exc_info=not isinstance(exc, SessionStoreError),
+                    extra={**ctx, "error_type": type(exc).__name__, "error": str(exc)})
+            if job.deliveries >= opts.max_deliveries:
+                self._park(job, type(exc).__name__, str(exc))
+            return
+        c.fault("job.before_ack", **ctx)
+        self.queue.ack(job)
+        self.stats.jobs_done += 1
+        try:
+            self.stats.gc_deleted += len(c.gc_session(job.session_id).deleted)
+        except Exception as exc:  # GC is housekeeping: it never takes the worker down
+            log.warning("gc after compaction failed", exc_info=not isinstance(exc, SessionStoreError),
+                        extra={**ctx, "error": str(exc)})
+
+    def _count(self, result: CompactionResult) -> None:
+        s = self.stats
+        if result.outcome == "lost":
+            s.jobs_lost += 1
+        elif result.outcome == "nothing":
+            s.jobs_empty += 1
+        else:
+            s.segments_merged += result.segment_count
+            s.entries_written += result.entries
+            s.bytes_in += result.bytes_in
+            s.bytes_out += result.bytes_out
+            s.redactions_purged += result.redactions_purged
+
+    def _park(self, job: Job, error_type: str, error: str) -> None:
+        self.queue.park(job, error_type, error, worker=self.name, now_ms=wall_clock_ms())
+        self.stats.jobs_parked += 1
+        log.error(
+            "job parked",
+            extra={"session_id": job.session_id, "job_id": job.id, "deliveries": job.deliveries,
+                   "error_type": error_type, "error": error},
+        )
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_heartbeat < self.options.heartbeat_interval_ms / 1000:
+            return
+        self._last_heartbeat = now
+        self.queue.heartbeat(
+            {
+                "last_seen_ms": wall_clock_ms(),
+                "started_at_ms": self._started_ms,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                **self.stats.as_dict(),
+            }
+        )
+
+    def _maybe_gc(self) -> None:
+        interval = self.options.gc_interval_ms
+        if interval <= 0 or (time.monotonic() - self._last_gc) * 1000 < interval:
+            return
+        self._last_gc = time.monotonic()
+        try:
+            result = self.compactor.gc()
+        except Exception as exc:  # GC is housekeeping: it never takes the worker down
+            log.warning("gc pass failed", exc_info=not isinstance(exc, SessionStoreError),
+                        extra={"error": str(exc)})
+            return
+        self.stats.gc_deleted += len(result.deleted)
