@@ -69,13 +69,6 @@ class _ManifestInfo:
     delete_after_ms: int
 
 
-def gc_seen_key(prefix: str) -> str:
-    """Redis hash: "<sid>/<inc>" -> ms the GC first saw objects of a session without header.
-
-    TODO(coordination): belongs in ``coordination/keys.py`` (owned there); kept here until
-    that module grows it. Losing it only delays a deletion: the clock starts again.
-    """
-    return f"{prefix}:compaction:gc-seen"
 
 
 class GarbageCollector:
@@ -246,7 +239,7 @@ class GarbageCollector:
             # The old incarnation ended no later than the current header was created.
             return now >= header.created_at_ms + grace
         client = self._c.store.coord.client
-        key = gc_seen_key(self._c.store.coord.keys.prefix)
+        key = self._c.store.coord.keys.gc_seen
         field = f"{sid}/{inc}"
 
         def mark() -> object:
@@ -263,7 +256,7 @@ class GarbageCollector:
 
     def _forget_marks(self, sid: str, incs: list[str]) -> None:
         client = self._c.store.coord.client
-        key = gc_seen_key(self._c.store.coord.keys.prefix)
+        key = self._c.store.coord.keys.gc_seen
         try:
             redis_call(lambda: client.hdel(key, *[f"{sid}/{inc}" for inc in incs]))
         except BackendError as exc:
@@ -312,4 +305,4 @@ def _base_started_ms(key: str) -> int | None:
     return int(parts[1])
 
 
-__all__ = ["GarbageCollector", "gc_seen_key"]
+__all__ = ["GarbageCollector"]

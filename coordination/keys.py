@@ -48,6 +48,12 @@ class Keys:
         return f"{self.prefix}:compaction:parked"
 
     @property
+    def gc_seen(self) -> str:
+        """Hash: "<sid>/<inc>" -> ms the GC first saw objects of a session without a header
+        (losing it only delays a deletion: the clock starts again)."""
+        return f"{self.prefix}:compaction:gc-seen"
+
+    @property
     def workers(self) -> str:
         return f"{self.prefix}:compaction:workers"
 

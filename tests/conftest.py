@@ -340,5 +340,72 @@ def tcp_proxy_factory() -> Iterator[Callable[..., TcpProxy]]:
             proxy.stop()
 
 
+# --- Redis Cluster ---------------------------------------------------------------------------
+
+
+def _redis_cli() -> str | None:
+    import shutil
+
+    from harness.redis_server import find_redis_server
+
+    server = find_redis_server()
+    for candidate in (server.replace("redis-server", "redis-cli"), shutil.which("redis-cli")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@pytest.fixture
+def cluster_url() -> Iterator[str]:
+    """A three-node Redis Cluster of the test's own: ``redis://...?cluster=true``."""
+    import subprocess
+
+    if os.environ.get("SESSIONSTORE_TEST_REDIS_URL"):
+        pytest.skip("external Redis configured: this test starts a cluster of its own")
+    cli = _redis_cli()
+    assert cli, "redis-cli not found next to redis-server"
+    nodes = [
+        RedisServer(port=_cluster_port(), config={"cluster-enabled": "yes", "cluster-node-timeout": "2000",
+                                                  "cluster-config-file": f"nodes-{i}.conf"}).start()
+        for i in range(3)
+    ]
+    try:
+        subprocess.run(
+            [cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )
+        # Wait until every node agrees the cluster is up.
+        import time
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = [n.client().cluster("info").get("cluster_state") for n in nodes]
+            if all(s == "ok" for s in states):
+                break
+            time.sleep(0.2)
+        yield f"redis://127.0.0.1:{nodes[0].port}/0?cluster=true"
+    finally:
+        for n in nodes:
+            n.close()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too (both must be <= 65535)."""
+    import random
+    import socket
+
+    for _ in range(200):
+        port = random.randint(20000, 45000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 # Fixtures that build SessionStores on these servers.
 from store_fixtures import make_store, store  # noqa: E402,F401

@@ -8,77 +8,12 @@ any of that is wrong.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import threading
-from typing import Any, Iterator
+from typing import Any
 
-import pytest
-
-from harness import RedisServer
-from harness.redis_server import find_redis_server
 from history import Op, check_history
 from store import SessionStore
 from store.errors import ConflictError, SessionStoreError
-
-
-def _redis_cli() -> str | None:
-    server = find_redis_server()
-    for candidate in (server.replace("redis-server", "redis-cli"), shutil.which("redis-cli")):
-        if candidate and shutil.os.access(candidate, shutil.os.X_OK):  # type: ignore[attr-defined]
-            return candidate
-    return None
-
-
-@pytest.fixture
-def cluster_url() -> Iterator[str]:
-    import os
-
-    if os.environ.get("SESSIONSTORE_TEST_REDIS_URL"):
-        pytest.skip("external Redis configured: this test starts a cluster of its own")
-    cli = _redis_cli()
-    assert cli, "redis-cli not found next to redis-server"
-    nodes = [
-        RedisServer(port=_cluster_port(), config={"cluster-enabled": "yes", "cluster-node-timeout": "2000",
-                                                  "cluster-config-file": f"nodes-{i}.conf"}).start()
-        for i in range(3)
-    ]
-    try:
-        subprocess.run(
-            [cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
-        )
-        # Wait until every node agrees the cluster is up.
-        import time
-
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            states = [n.client().cluster("info").get("cluster_state") for n in nodes]
-            if all(s == "ok" for s in states):
-                break
-            time.sleep(0.2)
-        yield f"redis://127.0.0.1:{nodes[0].port}/0?cluster=true"
-    finally:
-        for n in nodes:
-            n.close()
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too (both must be <= 65535)."""
-    import random
-    import socket
-
-    for _ in range(200):
-        port = random.randint(20000, 45000)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 10000))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair for a cluster node")
 
 
 def _entry(eid: str, parent: str | None) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from compactor import Compactor, CompactorOptions, Worker, WorkerOptions
-from compactor.gc import gc_seen_key
+
 from compactor.jobs import JobQueue
 from coordination.redis import Coordinator
 from store import SessionStore, StoreOptions
@@ -33,7 +33,7 @@ from store.errors import CorruptObjectError
 from store.objects import ObjectInfo, ObjectStore, StoredObject, object_store_from_url, s3_prefix_of
 from store.records import ForkPoint
 from store.session import Session
-from test_cluster import cluster_url  # noqa: F401  (fixture: a three-node cluster of its own)
+
 
 GRACE_MS = 60_000
 
@@ -500,14 +500,14 @@ def test_gc_removes_other_incarnations_and_headerless_leftovers_after_the_grace(
     first = c.gc()
     assert (first.deleted, first.sessions) == ((), 2)
     redis = store.coord.client
-    assert redis.hget(gc_seen_key(store.coord.keys.prefix), f"ghost/{old}") is not None
+    assert redis.hget(store.coord.keys.gc_seen, f"ghost/{old}") is not None
     clock.advance(GRACE_MS)
     second = c.gc()
     assert sorted(second.deleted_keys) == sorted(stale + ghost)
     assert {k for k, _ in second.deleted} == {"stale_incarnation"}
     assert keys_of(store, "inc") == reachable(store, "inc")
     assert keys_of(store, "ghost") == set()
-    assert redis.hlen(gc_seen_key(store.coord.keys.prefix)) == 0
+    assert redis.hlen(store.coord.keys.gc_seen) == 0
     assert view(store, "inc") == expected
 
 
@@ -975,7 +975,7 @@ def test_command_line_compact_history_gc(s3_url: str, redis_url: str, redis_pref
 # --- Redis Cluster ---------------------------------------------------------------------------
 
 
-def test_worker_on_redis_cluster(cluster_url: str, s3_url: str) -> None:  # noqa: F811
+def test_worker_on_redis_cluster(cluster_url: str, s3_url: str) -> None:
     """Every queue command touches one key (or one key's slot): a cluster refuses anything
     else with CROSSSLOT. Jobs, a park, GC marks and the heartbeat all run here."""
     store = SessionStore.from_url(s3_url, cluster_url, compact_after_segments=3)
