@@ -543,8 +543,21 @@ class SessionStore:
 
     def read_session(self, session_id: str) -> SessionData:
         sid = check_session_id(session_id)
-        header = self._read_header(sid)
-        return self._read(sid, header, use_hint=True)
+        # The header is immutable for an incarnation: a cached one is good when Redis names
+        # the same incarnation (and a read that then finds objects gone re-reads it).
+        state: TailState | None = None
+        with self._headers_lock:
+            header = self._headers.get(sid)
+        if header is not None:
+            try:
+                state = self.coord.tail(sid)
+            except BackendError:
+                state = None
+            if state is None or state.inc != header.incarnation:
+                header, state = None, None
+        if header is None:
+            header = self._read_header(sid)
+        return self._read(sid, header, use_hint=True, state=state)
 
     def get_tail(self, session_id: str) -> TailInfo:
         """The true tail: Redis's view, rolled forward over segments it has not heard of."""
@@ -595,13 +608,10 @@ class SessionStore:
         keys = [k for k in keys if k.endswith(".json")]
         if not keys:
             return None
+        # Listings are strongly consistent (S3 since 2020, MinIO, R2): the newest listed is
+        # the newest. One created after the listing is caught by the check at the end of
+        # the read (see _read_once).
         gen = max(Layout.seq_of(k) for k in keys)
-        # Probe past the listing: a manifest created since is the one to use.
-        while True:
-            key = self.layout.manifest(sid, inc, gen + 1)
-            if self.objects.head(key) is None:
-                break
-            gen += 1
         key = self.layout.manifest(sid, inc, gen)
         try:
             obj = self.options.retry.call(lambda: self.objects.get(key))
@@ -609,14 +619,24 @@ class SessionStore:
             return self._latest_manifest(sid, inc)
         return Manifest.from_json(key, obj.data)
 
-    def _read(self, sid: str, header: Header, *, use_hint: bool) -> SessionData:
+    def _read(
+        self, sid: str, header: Header, *, use_hint: bool, state: TailState | None = None
+    ) -> SessionData:
         inherited: list[dict[str, Any]] = []
         if header.fork is not None:
             inherited = self._fork_path(header.fork)
-        for _ in range(_MAX_READ_RESTARTS):
+        for attempt in range(_MAX_READ_RESTARTS):
             try:
-                return self._read_once(sid, header, inherited, use_hint=use_hint)
+                return self._read_once(sid, header, inherited, use_hint=use_hint, state=state)
             except _SegmentRetired:
+                state = None
+                if attempt == 0:
+                    # Objects vanished: compaction retired them, or the session was deleted
+                    # (SessionNotFoundError) or re-created under a new incarnation.
+                    fresh = self._read_header(sid)
+                    if fresh.incarnation != header.incarnation:
+                        header = fresh
+                        inherited = self._fork_path(header.fork) if header.fork else []
                 continue
         raise CorruptObjectError(
             self.layout.segment_prefix(sid, header.incarnation),
@@ -625,21 +645,28 @@ class SessionStore:
         )
 
     def _read_once(
-        self, sid: str, header: Header, inherited: list[dict[str, Any]], *, use_hint: bool
+        self,
+        sid: str,
+        header: Header,
+        inherited: list[dict[str, Any]],
+        *,
+        use_hint: bool,
+        state: TailState | None = None,
     ) -> SessionData:
         inc = header.incarnation
         manifest = self._latest_manifest(sid, inc)
         first = manifest.through_seq + 1 if manifest else 1
-        hint = 0
+        hint = -1
         if use_hint:
             try:
-                state = self.coord.tail(sid)
+                if state is None:
+                    state = self.coord.tail(sid)
                 if state is not None and state.inc == inc:
                     hint = state.seq
             except BackendError:
-                hint = 0
+                hint = -1
         known: list[int]
-        if hint >= first:
+        if hint >= first - 1:
             known = list(range(first, hint + 1))
         else:
             # No usable hint: one paginated listing instead of probing from the start.
@@ -655,6 +682,12 @@ class SessionStore:
                 known.append(s)
         base_futures = [self._pool.submit(self._get_base, b) for b in (manifest.bases if manifest else ())]
         seg_futures = {s: self._pool.submit(self._get_segment, sid, inc, s, header.schema) for s in known}
+        # Speculatively, in the same round: the probe past the known tail, and whether a newer
+        # manifest exists (see below).
+        last_known = known[-1] if known else first - 1
+        probe_future = self._pool.submit(self._get_segment, sid, inc, last_known + 1, header.schema)
+        newer = self.layout.manifest(sid, inc, (manifest.generation if manifest else 0) + 1)
+        newer_future = self._pool.submit(lambda: self.options.retry.call(lambda: self.objects.head(newer)))
         entries: list[dict[str, Any]] = []
         seqs: list[int] = []
         if manifest is not None:
@@ -680,20 +713,22 @@ class SessionStore:
             tail_bytes += size
             seq = s
         # Probe past the known tail: writers that died before telling Redis.
-        while True:
-            got = self._get_segment(sid, inc, seq + 1, header.schema)
-            if got is None:
-                break
+        got = probe_future.result()
+        while got is not None:
             seg_entries, size = got
             entries.extend(seg_entries)
             seqs.extend([seq + 1] * len(seg_entries))
             tail_bytes += size
             seq += 1
+            got = self._get_segment(sid, inc, seq + 1, header.schema)
         # The 404 that ended the probe (or a listing that came back short) may also be a
         # segment a newer manifest retired and GC deleted: a reader slower than the grace
-        # period would return a truncated session. A newer manifest means start over.
-        newer = self.layout.manifest(sid, inc, (manifest.generation if manifest else 0) + 1)
-        if self.options.retry.call(lambda: self.objects.head(newer)) is not None:
+        # period would return a truncated session. A newer manifest means start over. The
+        # check ran alongside the probe, which is as good as after it: GC deletes nothing
+        # until a grace period after the manifest that retired it, so a manifest absent when
+        # the check ran cannot have caused a deletion the probe saw (unless the probe itself
+        # took longer than the grace period).
+        if newer_future.result() is not None:
             raise _SegmentRetired()
         _check_unique_ids(sid, inherited, entries)
         return SessionData(header, inherited, entries, seqs, seq, manifest, tail_bytes)
@@ -892,35 +927,77 @@ class SessionStore:
 
         Stored migrated to v3 exactly as pi migrates it. Idempotent: importing the same file
         into the same session again changes nothing and returns the session.
-        """
-        from store.pi_format import read_pi_file
 
-        pi = read_pi_file(source)
-        header = pi.require_header()
-        sid = check_session_id(session_id if session_id is not None else header.get("id"))
-        pi_header = dict(header)
-        try:
-            handle = self.create_session(sid, pi_header=pi_header)
-        except SessionExistsError:
-            existing = self._read_header(sid)
-            if existing.pi_header != pi_header or existing.fork is not None:
-                raise
-            handle = SessionHandle(self, existing)
-        # pi keeps entries whose parent is missing (orphans become roots); so does an import.
-        file_ids = {e["id"] for e in pi.entries}
-        entries = [_wide_ints_as_floats(e) for e in pi.entries]
-        for chunk in _chunks(entries, self.options.max_batch_entries, self.options.max_batch_bytes):
-            batch = prepare_batch(
-                chunk,
-                max_bytes=self.options.max_batch_bytes,
-                max_entries=self.options.max_batch_entries,
-                strict=False,
-            )
-            batch = replace(
-                batch,
-                external_parents=tuple(p for p in batch.external_parents if p[1] in file_ids),
-            )
-            self._append(sid, batch, None)
+        Streams in two passes (``store.pi_format.scan_pi_file``, then ``iter_pi_entries``):
+        memory holds one batch plus a few dozen bytes per entry, whatever the file's size.
+        Pass 1 checks everything, including what a batch would refuse later, so a refused
+        file writes nothing. Pass 2 sends the entries in the same deterministic batches on
+        every import, which is what lets a re-import hit the duplicate path. A stream that
+        cannot be read twice is spooled to a temporary file; lines appended to a file between
+        the passes (pi writing to a live session) are left for the next import.
+        """
+        from store.entries import MAX_ID_LENGTH
+        from store.errors import BatchTooLargeError, InvalidEntryError
+        from store.pi_format import iter_pi_entries, scan_pi_file
+
+        max_bytes = self.options.max_batch_bytes
+        max_entries = self.options.max_batch_entries
+        if session_id is not None:
+            check_session_id(session_id)  # refuse a bad id before reading the whole file
+
+        def storable(entry: dict[str, Any], line: int) -> None:
+            # Pass 1 sees every entry as pass 2 will send it. The model's rules (string ids,
+            # no duplicates, no cycles, finite numbers) are the scan's own; these are the
+            # other refusals of prepare_batch, which would otherwise come after earlier
+            # batches were written. Batches are then cut under both limits (_chunks).
+            entry_id = entry["id"]
+            if len(entry_id) > MAX_ID_LENGTH:
+                raise InvalidEntryError(
+                    f"line {line}: 'id' is longer than {MAX_ID_LENGTH}", entry_id=entry_id
+                )
+            size = _storable(entry)[1]
+            if size is None:
+                raise InvalidEntryError(
+                    f"line {line}: nested too deeply to be stored as JSON", entry_id=entry_id
+                )
+            if size > max_bytes:
+                raise BatchTooLargeError(
+                    f"line {line}: entry {entry_id!r} takes {size} bytes, over the batch "
+                    f"limit of {max_bytes} bytes"
+                )
+
+        with scan_pi_file(source, entry_check=storable) as scan:
+            header = scan.require_header()
+            if scan.forward_parent is not None:
+                line, entry_id, parent_id = scan.forward_parent
+                raise InvalidEntryError(
+                    f"line {line}: parentId {parent_id!r} names an entry further down the "
+                    "file (pi accepts that; the store needs parents first)",
+                    entry_id=entry_id,
+                )
+            sid = check_session_id(session_id if session_id is not None else header.get("id"))
+            pi_header = dict(header)
+            try:
+                handle = self.create_session(sid, pi_header=pi_header)
+            except SessionExistsError:
+                existing = self._read_header(sid)
+                if existing.pi_header != pi_header or existing.fork is not None:
+                    raise
+                handle = SessionHandle(self, existing)
+            # pi keeps entries whose parent is missing (orphans become roots); so does an
+            # import. Parents in the file come first (checked above): in an earlier batch.
+            file_ids = scan.entry_ids
+            for chunk in _chunks(iter_pi_entries(scan), max_entries, max_bytes):
+                batch = prepare_batch(
+                    chunk, max_bytes=max_bytes, max_entries=max_entries, strict=False
+                )
+                del chunk  # the batch holds the entries; the next chunk must not meet this list
+                batch = replace(
+                    batch,
+                    external_parents=tuple(p for p in batch.external_parents if p[1] in file_ids),
+                )
+                self._append(sid, batch, None)
+                del batch  # likewise: one batch in memory at a time
         return handle
 
     def export_pi_session(self, session_id: str) -> str:
@@ -945,26 +1022,64 @@ class SessionStore:
 
 
 def _wide_ints_as_floats(value: Any) -> Any:
-    """JSON numbers past 64 bits, as JavaScript holds them: doubles (orjson cannot encode such
-    ints; pi has already rounded them, so the double is exact and exports the same digits)."""
-    t = type(value)
-    if t is int and not (-(2**63) <= value < 2**64):
-        return float(value)
-    if t is dict:
-        return {k: _wide_ints_as_floats(v) for k, v in value.items()}
-    if t is list:
-        return [_wide_ints_as_floats(v) for v in value]
-    return value
+    """A copy of ``value`` with JSON numbers past 64 bits as JavaScript holds them: doubles
+    (orjson cannot encode such ints; pi has already rounded them, so the double is exact and
+    exports the same digits). Iterative: entries may nest deeper than Python recurses."""
+
+    def convert(item: Any) -> Any:
+        t = type(item)
+        if t is int and not (-(2**63) <= item < 2**64):
+            return float(item)
+        if t is dict:
+            return {}
+        if t is list:
+            return []
+        return item
+
+    root = convert(value)
+    stack = [(value, root)] if type(value) is dict or type(value) is list else []
+    while stack:
+        source, target = stack.pop()
+        pairs = source.items() if type(source) is dict else enumerate(source)
+        for key, item in pairs:
+            copied = convert(item)
+            if type(target) is dict:
+                target[key] = copied
+            else:
+                target.append(copied)
+            if type(item) is dict or type(item) is list:
+                stack.append((item, copied))
+    return root
+
+
+def _storable(entry: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """``entry`` as the store encodes it, and the size of its line in a segment.
+
+    Only entries orjson cannot encode as they are get copied (``_wide_ints_as_floats``: rare),
+    and finding out costs no extra pass over the entry. The size is None for an entry orjson
+    cannot encode at all (nesting beyond its 254 levels), which prepare_batch refuses.
+    """
+    try:
+        return entry, len(orjson.dumps(entry)) + 1
+    except orjson.JSONEncodeError:
+        wide = _wide_ints_as_floats(entry)
+    try:
+        return wide, len(orjson.dumps(wide)) + 1
+    except orjson.JSONEncodeError:
+        return wide, None
 
 
 def _chunks(
-    entries: Sequence[dict[str, Any]], max_entries: int, max_bytes: int
+    entries: Iterator[dict[str, Any]], max_entries: int, max_bytes: int
 ) -> Iterator[list[dict[str, Any]]]:
-    """Deterministic batches under both limits (so a re-import re-sends the same batches)."""
+    """Deterministic batches under both limits (so a re-import re-sends the same batches),
+    of the entries as the store encodes them (``_storable``), one batch at a time."""
     chunk: list[dict[str, Any]] = []
     size = 0
     for entry in entries:
-        n = len(orjson.dumps(entry)) + 1
+        entry, n = _storable(entry)
+        if n is None:
+            n = 1  # cannot be encoded: prepare_batch refuses the batch that holds it
         if chunk and (len(chunk) >= max_entries or size + n > max_bytes):
             yield chunk
             chunk, size = [], 0

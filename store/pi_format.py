@@ -18,25 +18,32 @@ Where pi would keep something the store cannot hold, crash, or hang, parsing rai
 only things skipped are those pi skips (blank and malformed lines, later headers), and each
 skip is reported in :class:`PiFile`.
 
-Reading streams: lines are parsed one at a time and only the parsed values are kept.
+Reading streams: lines are parsed one at a time and only the parsed values are kept. For files
+too large to hold even that, :func:`scan_pi_file` (pass 1: every check, a few dozen bytes per
+entry) and :func:`iter_pi_entries` (pass 2: the entries again, one at a time) share the same
+parser, migration and checks with :func:`read_pi_file`.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
+import marshal
 import math
 import os
 import re
+import tempfile
+import zlib
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import IO, Any, Final
+from typing import IO, Any, Final, Self, cast, overload
 
 import orjson
 
-from store.errors import InvalidEntryError
+from store.errors import InvalidEntryError, InvalidInputError
 from store.session import (
     JS_WHITESPACE,
     Session,
@@ -47,17 +54,22 @@ from store.session import (
 )
 
 __all__ = [
+    "EntryCheck",
     "PiFile",
     "PiMigration",
+    "PiScan",
+    "PiSource",
     "dumps_js",
     "export_pi_bytes",
     "export_pi_lines",
+    "iter_pi_entries",
     "js_number_to_string",
     "js_to_number",
     "mint_id",
     "normalize_js_value",
     "parse_pi_lines",
     "read_pi_file",
+    "scan_pi_file",
 ]
 
 CURRENT_VERSION: Final = 3
@@ -549,13 +561,27 @@ def _iter_items(lines: Iterable[bytes | bytearray | memoryview | str]) -> Iterat
                 yield data
 
 
-def _iter_stream(stream: IO[bytes] | IO[str]) -> Iterator[bytes | str]:
-    """Lines of a readable stream, split on "\\n" only, whatever the read chunks are."""
-    pending: list[Any] = []
-    while True:
-        chunk = stream.read(_READ_CHUNK)
+# --- line sources --------------------------------------------------------------------------------
+
+
+def _read_chunks(handle: IO[Any], limit: int | None = None) -> Iterator[Any]:
+    """``handle.read()`` in 1 MiB chunks; at most ``limit`` units (bytes, or characters of a
+    text stream) when given."""
+    remaining = limit
+    while remaining is None or remaining > 0:
+        chunk = handle.read(_READ_CHUNK if remaining is None else min(_READ_CHUNK, remaining))
         if not chunk:
-            break
+            return
+        if remaining is not None:
+            remaining -= len(chunk)
+        yield chunk
+
+
+def _split_chunks(chunks: Iterable[Any]) -> Iterator[bytes | str]:
+    """Lines of a text given in chunks (all bytes or all str), split on "\\n" only, whatever
+    the chunk boundaries are."""
+    pending: list[Any] = []
+    for chunk in chunks:
         sep: Any = "\n" if isinstance(chunk, str) else b"\n"
         start = 0
         while True:
@@ -576,20 +602,241 @@ def _iter_stream(stream: IO[bytes] | IO[str]) -> Iterator[bytes | str]:
         yield pending[0][:0].join(pending)
 
 
-class _Parser:
-    """State of one streaming parse (kept in one place so the loop stays readable)."""
+def _iter_stream(stream: IO[bytes] | IO[str]) -> Iterator[bytes | str]:
+    """Lines of a readable stream, split on "\\n" only, whatever the read chunks are."""
+    return _split_chunks(_read_chunks(stream))
 
-    def __init__(self) -> None:
-        self.hasher = hashlib.sha256()
-        self.values: list[Any] = []
-        self.value_lines = array("Q")
+
+PiSource = str | os.PathLike[str] | bytes | bytearray | memoryview | IO[bytes] | IO[str]
+
+
+def _is_path(source: object) -> bool:
+    return isinstance(source, os.PathLike) or (
+        isinstance(source, str) and _looks_like_path(source)
+    )
+
+
+def _looks_like_path(text: str) -> bool:
+    return "\n" not in text and not _js_lstrip(text).startswith("{") and text != ""
+
+
+def _lines_once(source: PiSource) -> Iterator[bytes | str]:
+    """The lines of ``source``, read once (see :func:`read_pi_file` for the kinds of source)."""
+    if _is_path(source):
+        with open(source, "rb") as handle:  # type: ignore[arg-type]
+            # Binary file iteration splits on b"\n" only: each line is complete.
+            for line in handle:
+                yield line[:-1] if line.endswith(b"\n") else line
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        yield from _iter_split(bytes(source), b"\n")
+    elif isinstance(source, str):
+        yield from _iter_split(source, "\n")
+    elif hasattr(source, "read"):
+        yield from _iter_stream(cast(IO[Any], source))
+    else:
+        raise TypeError(f"cannot read a pi file from {type(source).__name__}")
+
+
+class _Replay:
+    """The lines of a pi file, for a scan that reads them more than once (and pass 2).
+
+    Every read must give exactly the lines of the first one: minted ids, collapsed
+    duplicates and every check of pass 1 are about those lines.
+    """
+
+    def lines(self) -> Iterator[bytes | str]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the source holds (a spooled copy); nothing by default."""
+
+
+class _Once(_Replay):
+    """Lines that can be read only once: for the one-pass readers."""
+
+    def __init__(self, lines: Iterator[bytes | str]) -> None:
+        self._lines: Iterator[bytes | str] | None = lines
+
+    def lines(self) -> Iterator[bytes | str]:
+        lines, self._lines = self._lines, None
+        if lines is None:
+            raise RuntimeError("these lines can be read only once")
+        return lines
+
+
+class _InMemory(_Replay):
+    """Content the caller passed (bytes or str): immutable, so simply split again."""
+
+    def __init__(self, data: bytes | str) -> None:
+        self._data = data
+
+    def lines(self) -> Iterator[bytes | str]:
+        return _iter_split(self._data, b"\n" if isinstance(self._data, bytes) else "\n")
+
+
+class _Reread(_Replay):
+    """A path, or a seekable stream, read again from where the first read began.
+
+    Later reads stop at the length the first read saw: pi appends to a live session file,
+    and lines appended between the passes are not part of this import. Every line is
+    compared with a CRC-32 taken by the first read (4 bytes a line), so that a file that was
+    rewritten in between (pi rewrites old files when it migrates them) is refused instead of
+    mixing two versions.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str] | None, stream: IO[Any] | None, start: int = 0
+    ) -> None:
+        self._path = path
+        self._stream = stream
+        self._start = start
+        self._length: int | None = None  # set once a first read has completed
+        self._crcs = array("I")
+
+    def lines(self) -> Iterator[bytes | str]:
+        if self._path is not None:
+            with open(self._path, "rb") as handle:
+                yield from self._read(handle)
+        else:
+            assert self._stream is not None
+            yield from self._read(self._stream)
+
+    def _read(self, handle: IO[Any]) -> Iterator[bytes | str]:
+        if self._stream is not None:
+            handle.seek(self._start)
+        length = self._length
+        if length is None:
+            yield from self._first_read(handle)
+            return
+        crcs = self._crcs
+        count = 0
+        for line in _split_chunks(_read_chunks(handle, length)):
+            if count >= len(crcs) or _crc(line) != crcs[count]:
+                raise self._changed(count + 1)
+            count += 1
+            yield line
+        if count != len(crcs):
+            raise self._changed(count + 1)
+
+    def _first_read(self, handle: IO[Any]) -> Iterator[bytes | str]:
+        length = 0
+        crcs = array("I")
+
+        def counted() -> Iterator[Any]:
+            nonlocal length
+            for chunk in _read_chunks(handle):
+                length += len(chunk)
+                yield chunk
+
+        for line in _split_chunks(counted()):
+            crcs.append(_crc(line))
+            yield line
+        self._length, self._crcs = length, crcs
+
+    def _changed(self, lineno: int) -> InvalidInputError:
+        what = os.fspath(self._path) if self._path is not None else "the stream"
+        return InvalidInputError(
+            f"{what}: the file changed while it was being read (line {lineno} is not what "
+            "the first pass read); import it again once nothing rewrites it"
+        )
+
+
+def _crc(line: bytes | str) -> int:
+    data = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
+    return zlib.crc32(data)
+
+
+class _Spool(_Replay):
+    """A stream that cannot be read twice (a pipe, stdin): the first read copies it to an
+    anonymous temporary file (disk, not memory), which later reads use."""
+
+    def __init__(self, stream: IO[Any]) -> None:
+        self._stream = stream
+        self._copy: IO[Any] | None = None
+        self._complete = False
+
+    def lines(self) -> Iterator[bytes | str]:
+        if not self._complete:
+            return _split_chunks(self._tee())
+        if self._copy is None:
+            return iter(())  # the stream was empty
+        self._copy.seek(0)
+        return _split_chunks(_read_chunks(self._copy))
+
+    def _tee(self) -> Iterator[Any]:
+        for chunk in _read_chunks(self._stream):
+            if self._copy is None:
+                # Text is kept as text (newline="" translates nothing), so that later reads
+                # give the very same str lines, lone surrogates included.
+                # Closed by close(): it has to outlive this read (noqa SIM115).
+                self._copy = (
+                    tempfile.TemporaryFile(  # noqa: SIM115
+                        "w+", encoding="utf-8", errors="surrogatepass", newline=""
+                    )
+                    if isinstance(chunk, str)
+                    else tempfile.TemporaryFile("w+b")  # noqa: SIM115
+                )
+            self._copy.write(chunk)
+            yield chunk
+        self._complete = True
+
+    def close(self) -> None:
+        if self._copy is not None:
+            self._copy.close()
+            self._copy = None
+
+
+def _replay(source: PiSource) -> _Replay:
+    if _is_path(source):
+        return _Reread(source, None)  # type: ignore[arg-type]
+    if isinstance(source, (bytes, str)):
+        return _InMemory(source)
+    if isinstance(source, (bytearray, memoryview)):
+        # A snapshot: the caller's buffer could change between the passes.
+        return _InMemory(bytes(source))
+    if hasattr(source, "read"):
+        stream = cast(IO[Any], source)
+        try:
+            start = stream.tell() if stream.seekable() else None
+        except (AttributeError, OSError, ValueError):
+            start = None  # not seekable after all (tell() refused): spool it
+        return _Spool(stream) if start is None else _Reread(None, stream, start)
+    raise TypeError(f"cannot read a pi file from {type(source).__name__}")
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+class _Parser:
+    """Line-level parsing: ``JSON.parse`` of each line as pi does it, the content hash, and
+    the first-value-is-a-header rule. Shared by every reader, and by both passes of a scan."""
+
+    def __init__(self, *, hashing: bool = True) -> None:
+        self.hasher = hashlib.sha256() if hashing else None
         self.skipped: list[int] = []
         self.header_state: str | None = None  # None: undecided, "ok", or an empty-reason
         self.entry_count = 0  # values after the header that are not later headers
+        self.value_count = 0
         self.seen_nonblank = False
         # A last line that parses only once trailing JS whitespace (NBSP, U+2028, ...) is gone:
         # pi's content.trim() makes that work for the LAST non-blank line only.
         self.tail: tuple[int, Any, bytes] | None = None
+        # The value the last feed() accepted (at most one a line), for values().
+        self._ready: tuple[int, Any] | None = None
+
+    def values(self, raw_lines: Iterable[bytes | str]) -> Iterator[tuple[int, Any]]:
+        """(line number, value) of every value pi keeps, in file order (the header first)."""
+        for lineno, raw in enumerate(raw_lines, 1):
+            more = self.feed(lineno, raw)
+            if self._ready is not None:
+                ready, self._ready = self._ready, None
+                yield ready
+            if not more:
+                return
+        self.finish()
+        if self._ready is not None:
+            ready, self._ready = self._ready, None
+            yield ready
 
     def feed(self, lineno: int, raw: bytes | str) -> bool:
         """Consume one line; False once the file is known to be "empty" (stop reading)."""
@@ -601,10 +848,12 @@ class _Parser:
             self.skipped.append(self.tail[0])
             self.tail = None
         self.seen_nonblank = True
-        if isinstance(raw, bytes):
-            digest_bytes = raw.strip(b" \t\r")
-        else:
-            digest_bytes = raw.strip(" \t\r").encode("utf-8")
+        digest_bytes = b""
+        if self.hasher is not None:
+            if isinstance(raw, bytes):
+                digest_bytes = raw.strip(b" \t\r")
+            else:
+                digest_bytes = raw.strip(" \t\r").encode("utf-8")
         return self._accept(lineno, value, digest_bytes, check_surrogates=False)
 
     def _feed_slow(self, lineno: int, raw: bytes | str) -> bool:
@@ -667,12 +916,13 @@ class _Parser:
         try:
             _normalize_in_place(value, check_surrogates=check_surrogates)
         except _Unholdable as exc:
-            index = self.entry_count - 1 if len(self.values) else None
+            index = self.entry_count - 1 if self.value_count else None
             raise InvalidEntryError(f"line {lineno}: {exc}", index=index) from exc
-        self.hasher.update(digest_bytes)
-        self.hasher.update(b"\n")
-        self.values.append(value)
-        self.value_lines.append(lineno)
+        if self.hasher is not None:
+            self.hasher.update(digest_bytes)
+            self.hasher.update(b"\n")
+        self.value_count += 1
+        self._ready = (lineno, value)
         return True
 
 
@@ -690,9 +940,32 @@ def _encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
-def _migrate(values: list[dict[str, Any]], content_hash: bytes) -> PiMigration:
-    """pi's migrateToCurrentVersion, in place (SPEC §3), with deterministic minted ids."""
-    header = values[0]
+# --- migration (SPEC §3) -------------------------------------------------------------------------
+
+# A firstKeptEntryIndex whose target pi finds nowhere, or finds to be a session line: pi then
+# leaves firstKeptEntryId alone.
+_NO_TARGET: Final = object()
+
+
+@dataclass(slots=True)
+class _Plan:
+    """How the parsed values become entries: decided by pass 1, applied by every later walk."""
+
+    v1: bool = False
+    v2_to_v3: bool = False
+    #: Line numbers of repeated entries that are kept once (the first copy stays).
+    collapsed: frozenset[int] = frozenset()
+    #: v1: the minted id of every entry, in file order.
+    minted: list[str] = field(default_factory=list)
+    #: v1: positions (among parsed values, the header is 0) of the ``type:"session"`` values.
+    session_positions: list[int] = field(default_factory=lambda: [0])
+    #: v1: for positions that a compaction's firstKeptEntryIndex names before they are reached,
+    #: the value's id as read (``_MISSING`` if it had none, ``_NO_TARGET`` for a session line).
+    forward_ids: dict[int, Any] = field(default_factory=dict)
+
+
+def _migrate_header(header: dict[str, Any]) -> PiMigration:
+    """pi's migrateToCurrentVersion for the header, in place; the steps decide the entries'."""
     raw_version = header.get("version", _MISSING)
     header_version = None if raw_version is _MISSING else raw_version
     # `header.version ?? 1`, then JS relational comparisons (a string "2" compares as 2,
@@ -701,59 +974,411 @@ def _migrate(values: list[dict[str, Any]], content_hash: bytes) -> PiMigration:
     if version >= CURRENT_VERSION:
         return PiMigration(header_version)
     steps: list[str] = []
-    ids_minted = False
     if version < 2:
-        _migrate_v1_to_v2(values, content_hash)
+        header["version"] = 2
         steps.append("v1->v2")
-        ids_minted = True
     if version < 3:
-        for value in values:
-            if value.get("type") == "session":
-                value["version"] = 3
-            elif value.get("type") == "message":
-                message = value.get("message")
-                if isinstance(message, dict) and message.get("role") == "hookMessage":
-                    message["role"] = "custom"
+        header["version"] = 3
         steps.append("v2->v3")
     # A NaN version migrates nothing, but pi still reports a migration and rewrites the file.
-    return PiMigration(header_version, tuple(steps), rewritten=True, ids_minted=ids_minted)
+    return PiMigration(header_version, tuple(steps), rewritten=True, ids_minted="v1->v2" in steps)
 
 
-def _migrate_v1_to_v2(values: list[dict[str, Any]], content_hash: bytes) -> None:
-    minted: set[str] = set()
-    previous: str | None = None
-    count = len(values)
-    for position, value in enumerate(values):
-        if value.get("type") == "session":
-            value["version"] = 2
+def _mint_ids(content_hash: bytes, value_count: int, session_positions: list[int]) -> list[str]:
+    """The ids of pi's v1->v2 step, minted deterministically (:func:`mint_id`) in file order."""
+    sessions = set(session_positions)
+    minted: list[str] = []
+    seen: set[str] = set()
+    for position in range(value_count):
+        if position in sessions:
             continue
         attempt = 0
         new_id = mint_id(content_hash, position)
-        while new_id in minted:
+        while new_id in seen:
             attempt += 1
             new_id = mint_id(content_hash, position, attempt)
-        minted.add(new_id)
-        # Replaces any existing id: a tree without `version` is flattened into one chain.
-        value["id"] = new_id
-        value["parentId"] = previous
-        previous = new_id
-        if value.get("type") == "compaction":
-            index = value.get("firstKeptEntryIndex", _MISSING)
-            if isinstance(index, (int, float)) and not isinstance(index, bool):
-                # entries[index] counts every parsed value, header included; JS gives undefined
-                # for a fractional, negative or out-of-range index.
-                target = (
-                    values[int(index)] if float(index).is_integer() and 0 <= index < count else None
-                )
-                if target is not None and target.get("type") != "session":
-                    # The target's id "as of that moment": minted if it came earlier, its old
-                    # id (or undefined, which JSON drops) if it comes later.
-                    target_id = target.get("id", _MISSING)
-                    if target_id is _MISSING:
-                        value.pop("firstKeptEntryId", None)
-                    else:
-                        value["firstKeptEntryId"] = target_id
-                del value["firstKeptEntryIndex"]
+        seen.add(new_id)
+        minted.append(new_id)
+    return minted
+
+
+def _wanted_forward(value: dict[str, Any], position: int) -> int | None:
+    """The later position a v1 compaction's firstKeptEntryIndex names, if any."""
+    if value.get("type") != "compaction":
+        return None
+    index = value.get("firstKeptEntryIndex", _MISSING)
+    numeric = isinstance(index, (int, float)) and not isinstance(index, bool)
+    if numeric and float(index).is_integer() and index > position:
+        return int(index)
+    return None
+
+
+def _migrate_v1_entry(
+    value: dict[str, Any], position: int, number: int, plan: _Plan, sessions: set[int]
+) -> None:
+    """pi's v1->v2 step for the entry at ``position`` (the ``number``-th entry), in place."""
+    minted = plan.minted
+    # Replaces any existing id: a tree without `version` is flattened into one chain.
+    value["id"] = minted[number]
+    value["parentId"] = minted[number - 1] if number else None
+    if value.get("type") != "compaction":
+        return
+    index = value.get("firstKeptEntryIndex", _MISSING)
+    if not isinstance(index, (int, float)) or isinstance(index, bool):
+        return  # a non-numeric index is left untouched
+    # entries[index] counts every parsed value, header included; JS gives undefined for a
+    # fractional, negative or out-of-range index.
+    target: Any = _NO_TARGET
+    if float(index).is_integer() and index >= 0:
+        where = int(index)
+        if where > position:
+            # A later value: its old id (or undefined, which JSON drops), as pass 1 read it.
+            target = plan.forward_ids.get(where, _NO_TARGET)
+        elif where not in sessions:
+            # An earlier value (or this one): its minted id.
+            target = minted[where - bisect.bisect_right(plan.session_positions, where)]
+    if target is _MISSING:
+        value.pop("firstKeptEntryId", None)
+    elif target is not _NO_TARGET:
+        value["firstKeptEntryId"] = target
+    del value["firstKeptEntryIndex"]
+
+
+def _migrate_v2_entry(value: dict[str, Any]) -> None:
+    """pi's v2->v3 step for an entry, in place (idempotent)."""
+    if value.get("type") == "message":
+        message = value.get("message")
+        if isinstance(message, dict) and message.get("role") == "hookMessage":
+            message["role"] = "custom"
+
+
+def _final_entries(
+    plan: _Plan, values: Iterable[tuple[int, Any]]
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, entry) for the parsed values (header first), migrated, without later headers
+    and repeats: exactly the entries of :class:`PiFile`."""
+    sessions = set(plan.session_positions)
+    collapsed = plan.collapsed
+    number = 0
+    for position, (lineno, value) in enumerate(values):
+        if position == 0 or value.get("type") == "session" or lineno in collapsed:
+            continue  # pi: getEntries() filters every type:"session" value
+        if plan.v1:
+            _migrate_v1_entry(value, position, number, plan, sessions)
+        if plan.v2_to_v3:
+            _migrate_v2_entry(value)
+        number += 1
+        yield lineno, value
+
+
+# --- pass 1: the checks across entries -----------------------------------------------------------
+
+#: ``entry_check(entry, line)`` of :func:`scan_pi_file`.
+EntryCheck = Callable[[dict[str, Any], int], None]
+
+_DIGEST_SIZE: Final = 16
+
+
+def _digest(value: dict[str, Any]) -> bytes:
+    """16 bytes that differ exactly when two parsed entries' ``JSON.stringify`` differ.
+
+    marshal's version 0 is, like JSON.stringify, a one-to-one image of a parsed (normalised)
+    value, key order and int/float/bool types included; unlike later versions it never
+    shares equal objects, so equal values give equal bytes whatever their identity. Unlike
+    orjson, it does not leave a cached UTF-8 copy inside every non-ASCII string it writes
+    (which would add the size of the text to every entry :func:`read_pi_file` keeps), and
+    it takes any depth the parser does.
+    """
+    return hashlib.blake2b(marshal.dumps(value, 0), digest_size=_DIGEST_SIZE).digest()
+
+
+class _Checker:
+    """The model's rules for each entry and across entries, applied in file order while
+    keeping only small bookkeeping per entry: its id, parent id, line and content digest.
+
+    The first refusal is kept and raised by :meth:`finish`, once the whole file has been
+    parsed: an unparseable value anywhere in the file is reported first, as
+    :func:`read_pi_file` always did.
+    """
+
+    def __init__(self, entry_check: EntryCheck | None, *, minted: bool, keep: bool) -> None:
+        # Ids minted by the v1 migration are unique and chained in file order: neither
+        # duplicates nor cycles nor forward parents can occur, so they are not looked for.
+        self.minted = minted
+        self.entry_check = entry_check
+        #: The entries, when the caller keeps them (read_pi_file).
+        self.entries: list[dict[str, Any]] | None = [] if keep else None
+        self.index_by_id: dict[str, int] = {}
+        self.parents: list[Any] = []
+        self.lines = array("Q")
+        # A repeated id is settled by comparing digests: kept for every entry when the
+        # entries themselves are not kept, computed on demand from the two entries otherwise
+        # (repeats are rare; digesting every entry would slow read_pi_file down by half).
+        self.digests: bytearray | None = None if keep or minted else bytearray()
+        self.collapsed: list[int] = []
+        self.error: InvalidEntryError | None = None
+        self.check_error: InvalidInputError | None = None
+        self.last_id: str | None = None
+        self.last_line = 0
+        self.last_was_collapsed = False
+        self.previous_id: str | None = None
+
+    def add(self, lineno: int, value: dict[str, Any]) -> bool:
+        """Check the next entry; True if it is one of the file's entries (not a repeat)."""
+        if self.error is not None:
+            return False  # the first refusal is the one reported; the rest is moot
+        index = len(self.lines)
+        try:
+            validate_entry(value, index)
+        except InvalidEntryError as exc:
+            self.error = _at_line(lineno, exc)
+            return False
+        entry_id = value["id"]
+        self.last_id, self.last_line = entry_id, lineno
+        earlier = self.index_by_id.get(entry_id)
+        self.last_was_collapsed = earlier is not None
+        digest = _digest(value) if self.digests is not None else b""
+        if earlier is not None:
+            if self._earlier_digest(earlier) == (digest or _digest(value)):
+                # pi's re-append quirk writes the same entries again: keep one copy.
+                self.collapsed.append(lineno)
+                return False
+            self.error = InvalidEntryError(
+                f"line {lineno}: duplicate entry id {entry_id!r} with different content "
+                f"(first on line {self.lines[earlier]}; pi would let the later one shadow it)",
+                index=index,
+                entry_id=entry_id,
+            )
+            return False
+        self.index_by_id[entry_id] = index
+        if self.digests is not None:
+            self.digests += digest
+        if self.entries is not None:
+            self.entries.append(value)
+        parent = value.get("parentId")
+        if parent == self.previous_id:
+            parent = self.previous_id  # nearly always: one string object instead of two
+        self.parents.append(parent)
+        self.lines.append(lineno)
+        self.previous_id = entry_id
+        if self.entry_check is not None and self.check_error is None:
+            try:
+                self.entry_check(value, lineno)
+            except InvalidInputError as exc:
+                self.check_error = exc
+        return True
+
+    def _earlier_digest(self, index: int) -> bytes | None:
+        if self.digests is not None:
+            return bytes(self.digests[index * _DIGEST_SIZE : (index + 1) * _DIGEST_SIZE])
+        if self.entries is not None:
+            return _digest(self.entries[index])
+        return None  # minted ids never repeat
+
+    def finish(self) -> tuple[int, str, str] | None:
+        """Raise the first refusal; else return the first forward parent (see PiScan)."""
+        if self.error is not None:
+            raise self.error
+        if self.last_was_collapsed and self.last_id != self.previous_id:
+            # pi's leaf is the id of the last line; if that line repeats an earlier entry, our
+            # leaf (the last distinct entry) would not be pi's.
+            raise InvalidEntryError(
+                f"line {self.last_line}: the file ends with a repeat of entry {self.last_id!r}, "
+                "which would make an earlier entry pi's leaf",
+                entry_id=self.last_id,
+            )
+        forward = None
+        if not self.minted:
+            ids = list(self.index_by_id)
+            try:
+                check_acyclic(_LinkMap(self.index_by_id, self.parents), _Links(ids, self.parents))
+            except InvalidEntryError as exc:
+                line = self.lines[exc.index] if exc.index is not None else 0
+                raise _at_line(line, exc) from None
+            forward = self._first_forward_parent(ids)
+        if self.check_error is not None:
+            raise self.check_error
+        return forward
+
+    def _first_forward_parent(self, ids: list[str]) -> tuple[int, str, str] | None:
+        index_by_id = self.index_by_id
+        for index, parent in enumerate(self.parents):
+            if parent:
+                where = index_by_id.get(parent)
+                if where is not None and where > index:
+                    return self.lines[index], ids[index], parent
+        return None
+
+
+def _at_line(lineno: int, exc: InvalidEntryError) -> InvalidEntryError:
+    return InvalidEntryError(
+        f"line {lineno}: {_strip_where(exc)}", index=exc.index, entry_id=exc.entry_id
+    )
+
+
+def _strip_where(exc: InvalidEntryError) -> str:
+    # InvalidEntryError prefixes "entry N (id X): "; keep only the reason when re-wrapping.
+    text = str(exc)
+    head, sep, tail = text.partition(": ")
+    return tail if sep and head.startswith("entry ") else text
+
+
+def _link(entry_id: str, parent: Any) -> dict[str, Any]:
+    return {"id": entry_id, "parentId": parent}
+
+
+class _LinkMap(Mapping[str, Mapping[str, Any]]):
+    """id -> ``{"id", "parentId"}`` built on demand: what check_acyclic reads of an entry."""
+
+    __slots__ = ("_index", "_parents")
+
+    def __init__(self, index_by_id: dict[str, int], parents: list[Any]) -> None:
+        self._index = index_by_id
+        self._parents = parents
+
+    def __getitem__(self, key: str) -> Mapping[str, Any]:
+        return _link(key, self._parents[self._index[key]])
+
+    def get(self, key: str, default: Any = None) -> Any:  # check_acyclic's hot path
+        where = self._index.get(key)
+        return default if where is None else _link(key, self._parents[where])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+class _Links(Sequence[Mapping[str, Any]]):
+    """The entries in file order as ``{"id", "parentId"}``, built on demand."""
+
+    __slots__ = ("_ids", "_parents")
+
+    def __init__(self, ids: list[str], parents: list[Any]) -> None:
+        self._ids = ids
+        self._parents = parents
+
+    @overload
+    def __getitem__(self, index: int) -> Mapping[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Mapping[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return _Links(self._ids[index], self._parents[index])
+        return _link(self._ids[index], self._parents[index])
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        return map(_link, self._ids, self._parents)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+# --- the readers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PiScan:
+    """Pass 1 of a streaming read (:func:`scan_pi_file`): everything about a pi file but its
+    entries, which :func:`iter_pi_entries` then reads again one at a time.
+
+    The scan has applied every rule :func:`read_pi_file` applies, so a file it accepts gives
+    exactly ``read_pi_file``'s entries. It holds a few dozen bytes per entry (id, line), never
+    the entries. Close it (or use it as a context manager) to release a spooled copy of a
+    stream.
+    """
+
+    header: dict[str, Any] | None
+    migration: PiMigration
+    #: Why pi would treat the file as empty (``header is None``), else ``None``.
+    empty_reason: str | None = None
+    skipped_lines: tuple[int, ...] = ()
+    dropped_headers: tuple[int, ...] = ()
+    collapsed_duplicates: tuple[int, ...] = ()
+    content_hash: str = ""
+    #: 1-based line number of every entry, in order.
+    entry_lines: Sequence[int] = field(default=(), repr=False)
+    #: ``(line, entry id, parent id)`` of the first entry whose parentId names an entry
+    #: further down the file. pi and :class:`~store.session.Session` accept that; a store
+    #: that needs parents first (sessionstore's) refuses it.
+    forward_parent: tuple[int, str, str] | None = None
+    _ids: dict[str, int] = field(default_factory=dict, repr=False)
+    _plan: _Plan | None = field(default=None, repr=False)
+    _source: _Replay | None = field(default=None, repr=False)
+
+    @property
+    def entry_count(self) -> int:
+        return len(self.entry_lines)
+
+    @property
+    def entry_ids(self) -> Collection[str]:
+        """The ids of all entries, in file order (a set-like view: ``x in scan.entry_ids``)."""
+        return self._ids.keys()
+
+    @property
+    def leaf_id(self) -> str | None:
+        """The id of the last entry (pi's leaf), ``None`` without entries."""
+        return next(reversed(self._ids), None)
+
+    def require_header(self) -> dict[str, Any]:
+        """The header, or :class:`InvalidEntryError` if pi would treat the file as empty."""
+        if self.header is None:
+            raise InvalidEntryError(f"not a pi session file: {self.empty_reason}", index=0)
+        return self.header
+
+    def close(self) -> None:
+        if self._source is not None:
+            self._source.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def scan_pi_file(source: PiSource, *, entry_check: EntryCheck | None = None) -> PiScan:
+    """Pass 1 of a streaming read: parse and check the whole file, keep no entry.
+
+    ``source`` is what :func:`read_pi_file` takes. Paths and seekable streams are read again
+    by :func:`iter_pi_entries` (only as far as this scan read, and verified line by line);
+    other streams are copied to a temporary file while they are scanned. Raises
+    :class:`InvalidEntryError` exactly where :func:`read_pi_file` does.
+
+    ``entry_check(entry, line)``, if given, sees every entry exactly as ``iter_pi_entries``
+    will yield it, in order (a v1 file is read twice for that: its ids depend on the hash
+    of the whole file). It must not change or keep the entry. An
+    :class:`~store.errors.InvalidInputError` it raises is raised by the scan once the file
+    has passed all of the model's own checks.
+    """
+    replay = _replay(source)
+    try:
+        scan, _ = _scan(replay, keep=False, entry_check=entry_check)
+    except BaseException:
+        replay.close()
+        raise
+    return scan
+
+
+def iter_pi_entries(scan: PiScan) -> Iterator[dict[str, Any]]:
+    """Pass 2: the entries of the scanned file, one at a time, exactly as
+    :func:`read_pi_file` puts them in :attr:`PiFile.entries`. Can be called more than once.
+
+    Raises :class:`~store.errors.InvalidInputError` if the file no longer holds what the
+    scan read (it was rewritten in between; appended lines are simply not read).
+    """
+    if scan.header is None or scan._plan is None or scan._source is None:
+        return
+    parser = _Parser(hashing=False)
+    count = 0
+    for _, entry in _final_entries(scan._plan, parser.values(scan._source.lines())):
+        count += 1
+        yield entry
+    if count != scan.entry_count:  # cannot happen for content that passed the checks above
+        raise InvalidInputError("the pi file changed while it was being read")
 
 
 def parse_pi_lines(lines: Iterable[bytes | bytearray | memoryview | str]) -> PiFile:
@@ -763,133 +1388,120 @@ def parse_pi_lines(lines: Iterable[bytes | bytearray | memoryview | str]) -> PiF
     U+2028, U+0085 or a lone "\\r"). Use :func:`read_pi_file` for paths, bytes and streams.
     Raises :class:`InvalidEntryError` for what the store cannot hold (see module docs).
     """
-    return _parse(_iter_items(lines))
+    return _read(_Once(_iter_items(lines)))
 
 
-def read_pi_file(
-    source: str | os.PathLike[str] | bytes | bytearray | memoryview | IO[bytes] | IO[str],
-) -> PiFile:
+def read_pi_file(source: PiSource) -> PiFile:
     """Parse a pi session file from a path, its content, or a readable stream.
 
     ``source`` is: a :class:`os.PathLike` (a path); ``bytes``/``bytearray`` (the content); an
     object with ``read()`` (a stream, read in 1 MiB chunks); or a ``str``, which is taken as the
     content if it contains a newline or its first non-blank character is ``{``, and as a path
-    otherwise (pass a :class:`pathlib.Path` to be explicit). Files are read in binary mode and
-    streamed line by line, so memory holds the parsed values, not the text.
+    otherwise (pass a :class:`pathlib.Path` to be explicit). Files are read once, in binary
+    mode, line by line, so memory holds the parsed values, not the text. For files too large
+    for that, use :func:`scan_pi_file` and :func:`iter_pi_entries`.
     """
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and _looks_like_path(source)):
-        with open(source, "rb") as handle:
-            # Binary file iteration splits on b"\n" only: each line is complete.
-            return _parse(line[:-1] if line.endswith(b"\n") else line for line in handle)
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        data = bytes(source)
-        return _parse(_iter_split(data, b"\n"))
-    if isinstance(source, str):
-        return _parse(_iter_split(source, "\n"))
-    if hasattr(source, "read"):
-        return _parse(_iter_stream(source))
-    raise TypeError(f"cannot read a pi file from {type(source).__name__}")
+    return _read(_Once(_lines_once(source)))
 
 
-def _looks_like_path(text: str) -> bool:
-    return "\n" not in text and not _js_lstrip(text).startswith("{") and text != ""
+def _read(lines: _Replay) -> PiFile:
+    scan, entries = _scan(lines, keep=True, entry_check=None)
+    return PiFile(
+        header=scan.header,
+        entries=entries,
+        migration=scan.migration,
+        empty_reason=scan.empty_reason,
+        skipped_lines=scan.skipped_lines,
+        dropped_headers=scan.dropped_headers,
+        collapsed_duplicates=scan.collapsed_duplicates,
+        content_hash=scan.content_hash,
+        entry_lines=tuple(scan.entry_lines),
+    )
 
 
-def _parse(raw_lines: Iterable[bytes | str]) -> PiFile:
+def _scan(
+    source: _Replay, *, keep: bool, entry_check: EntryCheck | None
+) -> tuple[PiScan, list[dict[str, Any]]]:
+    """Pass 1, shared by every reader: parse, migrate as far as the file allows, check.
+
+    ``keep``: also return the entries (one read, values kept: :func:`read_pi_file`);
+    otherwise keep only bookkeeping and re-read ``source`` where needed.
+    """
     parser = _Parser()
-    for lineno, raw in enumerate(raw_lines, 1):
-        if not parser.feed(lineno, raw):
-            break
-    else:
-        parser.finish()
+    plan = _Plan()
+    header: dict[str, Any] | None = None
+    migration = PiMigration(None)
+    checker = _Checker(entry_check, minted=False, keep=keep)
+    dropped: list[int] = []
+    # v1 files: ids depend on the hash of the whole file, so this first read only notes what
+    # the migration needs; the entries are checked in a second walk, once ids are minted.
+    v1_values: list[tuple[int, Any]] = []
+    wanted: set[int] = set()
+    position = -1
+    for lineno, value in parser.values(source.lines()):
+        position += 1
+        if position == 0:
+            header = value
+            migration = _migrate_header(value)
+            plan.v1 = "v1->v2" in migration.steps
+            plan.v2_to_v3 = "v2->v3" in migration.steps
+            if plan.v1:
+                checker = _Checker(entry_check, minted=True, keep=keep)
+                if keep:
+                    v1_values.append((lineno, value))
+            continue
+        is_session = value.get("type") == "session"
+        if is_session:
+            dropped.append(lineno)
+        if plan.v1:
+            if keep:
+                v1_values.append((lineno, value))
+            if is_session:
+                plan.session_positions.append(position)
+            if position in wanted:
+                plan.forward_ids[position] = _NO_TARGET if is_session else value.get("id", _MISSING)
+            target = None if is_session else _wanted_forward(value, position)
+            if target is not None:
+                wanted.add(target)
+        elif not is_session:
+            if plan.v2_to_v3:
+                _migrate_v2_entry(value)
+            checker.add(lineno, value)
 
-    content_hash = parser.hasher.digest()
-    if parser.header_state != "ok":
-        return PiFile(
+    content_hash = parser.hasher.digest() if parser.hasher is not None else b""
+    if parser.header_state != "ok" or header is None:
+        empty = PiScan(
             header=None,
-            entries=[],
             migration=PiMigration(None),
             empty_reason=parser.header_state or "no parseable line",
             skipped_lines=tuple(parser.skipped),
             content_hash=content_hash.hex(),
+            _source=source,
         )
+        return empty, []
 
-    values: list[dict[str, Any]] = parser.values
-    migration = _migrate(values, content_hash)
-    header = values[0]
-
-    entries: list[dict[str, Any]] = []
-    entry_lines: list[int] = []
-    dropped: list[int] = []
-    collapsed: list[int] = []
-    position_by_id: dict[str, int] = {}
-    last_was_collapsed = False
-    last_id: str | None = None
-    last_line = 0
-    for value, line in zip(values[1:], parser.value_lines[1:]):
-        if value.get("type") == "session":
-            dropped.append(line)  # pi: getEntries() filters every type:"session" value
-            continue
-        try:
-            validate_entry(value, len(entries))
-        except InvalidEntryError as exc:
-            raise InvalidEntryError(
-                f"line {line}: {_strip_where(exc)}", index=exc.index, entry_id=exc.entry_id
-            ) from None
-        entry_id = value["id"]
-        last_id, last_line = entry_id, line
-        earlier = position_by_id.get(entry_id)
-        last_was_collapsed = earlier is not None
-        if earlier is not None:
-            if dumps_js(entries[earlier]) == dumps_js(value):
-                # pi's re-append quirk writes the same entries again: keep one copy.
-                collapsed.append(line)
-                continue
-            raise InvalidEntryError(
-                f"line {line}: duplicate entry id {entry_id!r} with different content "
-                f"(first on line {entry_lines[earlier]}; pi would let the later one shadow it)",
-                index=len(entries),
-                entry_id=entry_id,
-            )
-        position_by_id[entry_id] = len(entries)
-        entries.append(value)
-        entry_lines.append(line)
-
-    if last_was_collapsed and last_id != entries[-1]["id"]:
-        # pi's leaf is the id of the last line; if that line repeats an earlier entry, our
-        # leaf (the last distinct entry) would not be pi's.
-        raise InvalidEntryError(
-            f"line {last_line}: the file ends with a repeat of entry {last_id!r}, "
-            "which would make an earlier entry pi's leaf",
-            entry_id=last_id,
-        )
-
-    by_id = {entry["id"]: entry for entry in entries}
-    try:
-        check_acyclic(by_id, entries)
-    except InvalidEntryError as exc:
-        line = entry_lines[exc.index] if exc.index is not None else 0
-        raise InvalidEntryError(
-            f"line {line}: {_strip_where(exc)}", index=exc.index, entry_id=exc.entry_id
-        ) from None
-
-    return PiFile(
+    if plan.v1:
+        plan.minted = _mint_ids(content_hash, position + 1, plan.session_positions)
+        walk = v1_values if keep else _Parser(hashing=False).values(source.lines())
+        for lineno, entry in _final_entries(plan, walk):
+            checker.add(lineno, entry)
+        del v1_values
+    forward = checker.finish()
+    plan.collapsed = frozenset(checker.collapsed)
+    scan = PiScan(
         header=header,
-        entries=entries,
         migration=migration,
         skipped_lines=tuple(parser.skipped),
         dropped_headers=tuple(dropped),
-        collapsed_duplicates=tuple(collapsed),
+        collapsed_duplicates=tuple(checker.collapsed),
         content_hash=content_hash.hex(),
-        entry_lines=tuple(entry_lines),
+        entry_lines=checker.lines,
+        forward_parent=forward,
+        _ids=checker.index_by_id,
+        _plan=plan,
+        _source=source,
     )
-
-
-def _strip_where(exc: InvalidEntryError) -> str:
-    # InvalidEntryError prefixes "entry N (id X): "; keep only the reason when re-wrapping.
-    text = str(exc)
-    head, sep, tail = text.partition(": ")
-    return tail if sep and head.startswith("entry ") else text
+    return scan, checker.entries if checker.entries is not None else []
 
 
 # --- writing -----------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ class StoreMachine(RuleBasedStateMachine):
         sid = data.draw(st.sampled_from(sorted(s for s, b in self.model.items() if b)))
         victim = data.draw(st.sampled_from(self._ids(sid)))
         with pytest.raises(IdCollisionError):
-            self.store.append_session_entries(sid, [{"type": "message", "id": victim, "parentId": None, "x": 1}])
+            self.store.append_session_entries(sid, [{"type": "message", "id": victim, "parentId": None, "message": {"other": 1}}])
 
     @precondition(lambda self: bool(self.model))
     @rule(data=st.data())
