@@ -30,6 +30,10 @@ class Keys:
         """Pub/sub channel: one message per committed segment."""
         return f"{self.prefix}:{{{sid}}}:changes"
 
+    def claim(self, sid: str) -> str:
+        """String "<seq>:<nonce>": the writer about to PUT segment seq+1 (advisory, expiring)."""
+        return f"{self.prefix}:{{{sid}}}:claim"
+
     def job_pending(self, sid: str) -> str:
         """Set while a compaction job for the session is queued (de-duplicates jobs)."""
         return f"{self.prefix}:{{{sid}}}:job"
@@ -58,4 +62,4 @@ class Keys:
         return f"{self.prefix}:compaction:workers"
 
     def session_keys(self, sid: str) -> list[str]:
-        return [self.tail(sid), self.ids(sid), self.job_pending(sid)]
+        return [self.tail(sid), self.ids(sid), self.job_pending(sid), self.claim(sid)]

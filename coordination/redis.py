@@ -47,6 +47,8 @@ class CheckResult:
     parent_id: str = ""
     detail: str = ""
     inc: str = ""
+    #: BUSY: how long the other writer's claim still runs.
+    wait_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +178,9 @@ class Coordinator:
         hashes: Sequence[str],
         external_parents: Sequence[tuple[str, str]],
         expected_tail: str | None,
+        *,
+        nonce: str = "",
+        claim_ms: int = 0,
     ) -> CheckResult:
         args: list[Any] = [inc, "0" if expected_tail is None else "1", expected_tail or "", len(ids)]
         args.extend(ids)
@@ -184,11 +189,15 @@ class Coordinator:
         for eid, parent in external_parents:
             args.append(eid)
             args.append(parent)
-        keys = [self.keys.tail(sid), self.keys.ids(sid)]
+        args.append(nonce)
+        args.append(claim_ms if nonce else 0)
+        keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.claim(sid)]
         res = self._call(lambda: self._check(keys=keys, args=args))
         code = _s(res[0])
         if code == "OK":
             return CheckResult(code, seq=int(res[1]), last=_s(res[2]))
+        if code == "BUSY":
+            return CheckResult(code, seq=int(res[1]), wait_ms=max(0, int(res[2])))
         if code == "DUPLICATE":
             return CheckResult(code, seq=int(res[1]))
         if code == "COLLISION":
@@ -341,7 +350,7 @@ class Coordinator:
         return _s(res[0])
 
     def forget(self, sid: str, inc: str = "*") -> bool:
-        keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.job_pending(sid)]
+        keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.job_pending(sid), self.keys.claim(sid)]
         return bool(self._call(lambda: self._forget(keys=keys, args=[inc])))
 
     # --- session index and jobs (other slots: never inside a per-session script) ------------

@@ -60,9 +60,15 @@ CHECK = _PRELUDE + """
 -- ARGV[1] inc, ARGV[2] "1" to check the expected tail else "0", ARGV[3] expected tail id
 --   ("" = the session is empty), ARGV[4] n (entries), ARGV[5..4+n] ids,
 --   ARGV[5+n..4+2n] content hashes, ARGV[5+2n] m (external parents),
---   then m pairs (entry id, parent id)
+--   then m pairs (entry id, parent id), then the writer's nonce and the claim's lease (ms;
+--   0 = no claim)
+-- KEYS[3] (optional) the claim: "<seq>:<nonce>" of the writer that was last told OK for
+--   seq. A claim is advisory: it only keeps concurrent writers from all PUTting segment
+--   seq+1 at once (all but one would lose the race, each at the price of a PUT and a GET);
+--   If-None-Match on the PUT stays the only arbiter, and a claim of a dead writer expires.
 -- Returns:
 --   {'OK', seq, last}                       append as segment seq+1
+--   {'BUSY', seq, ttl}                      another writer holds the claim on seq+1 for ttl ms
 --   {'DUPLICATE', seq}                      every id present with the same content: the batch
 --                                           was committed as segment seq
 --   {'COLLISION', id, why}                  an id exists with other content (or a partial re-send)
@@ -99,6 +105,17 @@ if m > 0 then
   for i = 1, m do
     if not pf[i] then return {'UNKNOWN_PARENT', ARGV[5 + 2 * n + 2 * i - 1], parents[i]} end
   end
+end
+local nonce, lease = ARGV[6 + 2 * n + 2 * m], tonumber(ARGV[7 + 2 * n + 2 * m] or '0')
+if KEYS[3] and lease and lease > 0 then
+  local claim = redis.call('GET', KEYS[3])
+  if claim then
+    local sep = string.find(claim, ':', 1, true)
+    if tonumber(string.sub(claim, 1, sep - 1)) == s.seq and string.sub(claim, sep + 1) ~= nonce then
+      return {'BUSY', s.seq, redis.call('PTTL', KEYS[3])}
+    end
+  end
+  redis.call('SET', KEYS[3], s.seq .. ':' .. nonce, 'PX', lease)
 end
 return {'OK', s.seq, s.last}
 """
@@ -166,11 +183,12 @@ return {'INSTALLED', tonumber(ARGV[2])}
 FORGET = """
 -- FORGET: drop a session's state, but only the state of the given incarnation
 -- ("*" = whatever is there).
--- KEYS[1] tail, KEYS[2] ids, KEYS[3] job marker; ARGV[1] inc
+-- KEYS[1] tail, KEYS[2] ids, KEYS[3] job marker, KEYS[4] (optional) claim; ARGV[1] inc
 -- Returns 1 if dropped, 0 if the state belonged to another incarnation.
 local inc = redis.call('HGET', KEYS[1], 'inc')
 if ARGV[1] ~= '*' and inc and inc ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+if KEYS[4] then redis.call('DEL', KEYS[4]) end
 return 1
 """
 

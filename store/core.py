@@ -344,10 +344,27 @@ class SessionStore:
             "count": str(len(batch.ids)),
         }
         rebuilt_for: int | None = None
-        for round_no in range(self.options.max_rounds):
+        round_no = 0
+        deadline = time.monotonic() + self.options.max_wait_s
+        while round_no < self.options.max_rounds:
             res = self.coord.check(
-                sid, header.incarnation, batch.ids, batch.hashes, batch.external_parents, expected
+                sid,
+                header.incarnation,
+                batch.ids,
+                batch.hashes,
+                batch.external_parents,
+                expected,
+                nonce=nonce,
+                claim_ms=self.options.claim_ms,
             )
+            if res.code == "BUSY":
+                # Another writer is PUTting segment n+1: wait for it in Redis (cheap) rather
+                # than race it in the object store (a PUT and a GET lost per round).
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(random.uniform(0.0005, 0.0015) if res.wait_ms > 2 else res.wait_ms / 1000)
+                continue
+            round_no += 1
             if res.code == "HYDRATE" or res.code == "INCARNATION":
                 header = self._repair_state(sid, header, res.code)
                 continue
@@ -381,7 +398,8 @@ class SessionStore:
             self._roll_forward(sid, header, n, outcome)
             _contention_backoff(round_no)
         raise ContentionError(
-            f"session {sid!r}: append lost {self.options.max_rounds} rounds to other writers"
+            f"session {sid!r}: append lost {round_no} rounds to other writers "
+            f"(or waited {self.options.max_wait_s:.0f} s behind their claims)"
         )
 
     def _put_once(self, key: str, data: bytes, metadata: dict[str, str]) -> None:

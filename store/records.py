@@ -113,6 +113,12 @@ class StoreOptions:
     max_batch_entries: int = DEFAULT_MAX_BATCH_ENTRIES
     #: Rounds an append may lose to other writers before ContentionError.
     max_rounds: int = 200
+    #: Lease (ms) of the advisory claim a writer takes on the next segment number, so that
+    #: concurrent writers queue in Redis instead of all racing the PUT (0 disables). It only
+    #: saves wasted requests: If-None-Match stays the arbiter; a dead writer's claim expires.
+    claim_ms: int = 2000
+    #: How long an append waits behind other writers' claims in total before ContentionError.
+    max_wait_s: float = 60.0
     retry: RetryPolicy = DEFAULT_RETRY
     #: Parallel GETs when loading a session.
     read_concurrency: int = 16
