@@ -345,3 +345,25 @@ def test_redis_down_during_delete_then_recreate(private_redis: Any, s3_url: str)
     assert [e["id"] for e in other.load_session_entries("dd")] == ["fresh", "x"]
     other.close()
     store.close()
+
+
+def test_claim_of_a_writer_that_died_before_its_put_expires(make_store: Callable[..., SessionStore]) -> None:
+    class Died(Exception):
+        pass
+
+    def die(point: str, ctx: dict[str, Any]) -> None:
+        if point == "append.before_put":
+            raise Died()
+
+    dead = make_store(fault_hook=die, claim_ms=400)
+    live = make_store(claim_ms=400)
+    live.create_session("cl")
+    live.append_session_entries("cl", [entry("a", None)])
+    with pytest.raises(Died):
+        dead.append_session_entries("cl", [entry("b", "a")])  # claimed segment 2, never PUT it
+    claim = live.coord.client.get(live.coord.keys.claim("cl"))
+    assert claim is not None and claim.startswith(b"1:")  # the dead writer's claim on seg 2
+    # The live writer waits behind the claim until it expires, then goes ahead.
+    assert live.append_session_entries("cl", [entry("c", "a")]).seq == 2
+    assert seg_numbers(live, "cl") == [1, 2]
+    assert [e["id"] for e in live.load_session_entries("cl")] == ["a", "c"]
