@@ -49,6 +49,7 @@ from compactor.records import (
 from compactor.redaction import RedactionIndex
 from store.core import Manifest, SessionStore
 from store.entries import decode_segment
+from store.migrations import CURRENT_SCHEMA, upgrade
 from store.errors import (
     BackendError,
     BackendUnavailableError,
@@ -83,6 +84,8 @@ class _Source:
     offset: int
     length: int
     entries: int
+    #: The schema its writer used (store/migrations.py); older ones are lifted on rewrite.
+    schema: int = CURRENT_SCHEMA
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +179,7 @@ class Compactor:
             return CompactionResult(sid, "nothing", generation=previous.generation if previous else 0)
         gen = (previous.generation if previous else 0) + 1
         with tempfile.TemporaryFile(prefix="sessionstore-compact-") as spool:
-            scan = self._scan(sid, inc, previous, segments, spool)
+            scan = self._scan(sid, inc, previous, segments, spool, header.schema)
             self.fault("compact.after_scan", session_id=sid, generation=gen)
             token = uuid.uuid4().hex
             writer = _BaseWriter(self, sid, inc, f"{gen:016d}-{started_ms}-{token}")
@@ -271,6 +274,7 @@ class Compactor:
         previous: Manifest | None,
         segments: list[tuple[int, str]],
         spool: IO[bytes],
+        header_schema: int = CURRENT_SCHEMA,
     ) -> _Scan:
         redactions = RedactionIndex()
         sources: list[_Source] = []
@@ -281,15 +285,17 @@ class Compactor:
         bytes_in = 0
         segment_bytes = 0
 
-        def take(key: str, data: bytes, checksum: str | None, seq: int) -> int:
+        def take(key: str, data: bytes, checksum: str | None, seq: int, schema: int) -> int:
             nonlocal offset, entries, last_id, bytes_in
             decoded = decode_segment(key, data, checksum)
+            if schema != CURRENT_SCHEMA:
+                decoded = upgrade(decoded, schema)
             for entry in decoded:
                 redactions.observe(entry)
             if decoded:
                 last_id = str(decoded[-1]["id"])
             spool.write(data)
-            sources.append(_Source(key, checksum, seq, offset, len(data), len(decoded)))
+            sources.append(_Source(key, checksum, seq, offset, len(data), len(decoded), schema))
             offset += len(data)
             entries += len(decoded)
             bytes_in += len(data)
@@ -298,13 +304,14 @@ class Compactor:
         specs: list[tuple[str, str | None, int]] = [
             (str(b["key"]), b.get(_SHA_KEY), 0) for b in (previous.bases if previous else ())
         ]
+        base_schemas = [int(b.get("schema", CURRENT_SCHEMA)) for b in (previous.bases if previous else ())]
         specs.extend((key, None, seq) for seq, key in segments)
         # The bases must hold what the manifest counts, or seq numbers would shift.
         unchecked = previous is not None
         base_entries = 0
         for (key, checksum, seq), obj in self._fetch_ahead(specs):
             if seq == 0:
-                base_entries += take(key, obj.data, checksum, 0)
+                base_entries += take(key, obj.data, checksum, 0, base_schemas.pop(0))
                 continue
             if unchecked and previous is not None:
                 if base_entries != sum(previous.seq_counts):
@@ -315,7 +322,8 @@ class Compactor:
                         f"{sum(previous.seq_counts)}",
                     )
                 unchecked = False
-            seq_counts.append(take(key, obj.data, obj.metadata.get(_SHA_KEY), seq))
+            written = int(obj.metadata.get("schema", header_schema))
+            seq_counts.append(take(key, obj.data, obj.metadata.get(_SHA_KEY), seq, written))
             segment_bytes += len(obj.data)
         return _Scan(
             tuple(sources), redactions, tuple(seq_counts), entries, last_id, bytes_in, segment_bytes
@@ -349,13 +357,16 @@ class Compactor:
         for source in scan.sources:
             spool.seek(source.offset)
             data = spool.read(source.length)
-            if not len(scan.redactions):
+            if not len(scan.redactions) and source.schema == CURRENT_SCHEMA:
                 # Verified bytes exactly as a writer (or an earlier compaction) encoded them.
                 writer.add(data, source.entries)
                 continue
             out: list[bytes] = []
-            changed = False
-            for entry in decode_segment(source.key, data, source.checksum):
+            changed = source.schema != CURRENT_SCHEMA
+            decoded = decode_segment(source.key, data, source.checksum)
+            if changed:
+                decoded = upgrade(decoded, source.schema)
+            for entry in decoded:
                 kept = scan.redactions.apply(entry)
                 if kept is not entry and kept != entry:
                     purged += 1

@@ -1032,6 +1032,24 @@ class SessionStore:
         session = self.load_session(session_id)
         return export_pi_lines(session.header, session.to_pi_entries())
 
+    def migrate_session(self, session_id: str, **compactor_options: Any) -> Any:
+        """Rewrite a session written at an older schema forward (store/migrations.py).
+
+        Readers already see every session at the current schema: each segment and base is
+        lifted through the migration list as it is read. This makes it permanent, without
+        overwriting any object: one compaction, which lifts everything it merges and writes
+        its base at the current schema (and, like every compaction, leaves the old objects
+        to GC after the grace period). Returns the compactor's ``CompactionResult``
+        (``outcome`` "nothing" when no segment follows the latest manifest: a manifest's
+        bases are rewritten by the next compaction that has a segment to merge).
+        """
+        from compactor.compact import Compactor
+        from compactor.config import CompactorOptions
+
+        return Compactor(self, CompactorOptions(**compactor_options)).compact_session(
+            check_session_id(session_id)
+        )
+
     # --- for the compactor and tools ---------------------------------------------------------
 
     def iter_segment_keys(self, sid: str, inc: str) -> Iterator[str]:

@@ -360,3 +360,42 @@ def test_redaction_hides_content_everywhere_a_reader_looks(store: SessionStore) 
         store.redact("red", "nope", "x")
     with pytest.raises(InvalidInputError):
         store.redact("red", session.leaf_id, "redacting a redaction")  # type: ignore[arg-type]
+
+
+# --- migration ---------------------------------------------------------------------------------
+
+
+def test_session_of_an_older_schema_reads_current_and_migrates_forward(store: SessionStore) -> None:
+    """Schema 0 stored pi v2 entries (role hookMessage); readers lift them, and
+    migrate_session rewrites them forward without overwriting any object."""
+    import orjson
+
+    from store.records import Header
+
+    header = Header("old", "inc0", 1, {"type": "session", "version": 2, "id": "old", "timestamp": "t", "cwd": "/"}, schema=0)
+    store.objects.put_if_absent(store.layout.header("old"), orjson.dumps(header.to_json()))
+    v2 = [
+        {"type": "message", "id": "h1", "parentId": None, "timestamp": "2025-01-01T00:00:00.000Z",
+         "message": {"role": "hookMessage", "customType": "note", "content": "from a hook", "display": True, "timestamp": 1}},
+        {"type": "message", "id": "u1", "parentId": "h1", "timestamp": "2025-01-01T00:00:01.000Z",
+         "message": {"role": "user", "content": "hi", "timestamp": 2}},
+    ]
+    # Written by an old client: no schema in the metadata, so the header's (0) applies.
+    store.objects.put_if_absent(store.layout.segment("old", "inc0", 1), b"".join(orjson.dumps(e) + b"\n" for e in v2))
+    roles = lambda s: [m["role"] for m in s.build_context()["messages"]]  # noqa: E731
+    assert roles(store.load_session("old")) == ["custom", "user"]
+    # A current client appends (schema 1 in its metadata): both read as one session.
+    store.append_session_entries("old", [{"type": "message", "id": "a1", "parentId": "u1", "message": _assistant("yo")}])
+    assert roles(store.load_session("old")) == ["custom", "user", "assistant"]
+    before = {i.key: store.objects.get(i.key).data for i in store.objects.list(store.layout.session_prefix("old"))}
+    result = store.migrate_session("old")
+    assert result.outcome == "compacted"
+    # Nothing overwritten: every object that existed is still there, byte for byte.
+    for key, data in before.items():
+        assert store.objects.get(key).data == data
+    manifest = store.read_session("old").manifest
+    assert manifest is not None
+    (base,) = manifest.bases
+    assert b"hookMessage" not in store.objects.get(base["key"]).data
+    assert roles(store.load_session("old")) == ["custom", "user", "assistant"]
+    assert [e["id"] for e in store.load_session_entries("old")] == ["h1", "u1", "a1"]
