@@ -947,7 +947,7 @@ class SessionStore:
         into the same session again changes nothing and returns the session.
 
         Streams in two passes (``store.pi_format.scan_pi_file``, then ``iter_pi_entries``):
-        memory holds one batch plus a few dozen bytes per entry, whatever the file's size.
+        memory holds one batch plus about 130 bytes per entry, whatever the file's size.
         Pass 1 checks everything, including what a batch would refuse later, so a refused
         file writes nothing. Pass 2 sends the entries in the same deterministic batches on
         every import, which is what lets a re-import hit the duplicate path. A stream that

@@ -754,8 +754,11 @@ class _Spool(_Replay):
         self._stream = stream
         self._copy: IO[Any] | None = None
         self._complete = False
+        self._closed = False
 
     def lines(self) -> Iterator[bytes | str]:
+        if self._closed:
+            raise ValueError("the scan was closed: its copy of the stream is gone")
         if not self._complete:
             return _split_chunks(self._tee())
         if self._copy is None:
@@ -778,9 +781,12 @@ class _Spool(_Replay):
                 )
             self._copy.write(chunk)
             yield chunk
+        if self._copy is not None:
+            self._copy.flush()
         self._complete = True
 
     def close(self) -> None:
+        self._closed = True
         if self._copy is not None:
             self._copy.close()
             self._copy = None
@@ -1135,9 +1141,11 @@ class _Checker:
             return False
         entry_id = value["id"]
         self.last_id, self.last_line = entry_id, lineno
-        earlier = self.index_by_id.get(entry_id)
+        index_by_id = self.index_by_id
+        earlier = index_by_id.get(entry_id)
         self.last_was_collapsed = earlier is not None
-        digest = _digest(value) if self.digests is not None else b""
+        digests = self.digests
+        digest = _digest(value) if digests is not None else b""
         if earlier is not None:
             if self._earlier_digest(earlier) == (digest or _digest(value)):
                 # pi's re-append quirk writes the same entries again: keep one copy.
@@ -1150,15 +1158,16 @@ class _Checker:
                 entry_id=entry_id,
             )
             return False
-        self.index_by_id[entry_id] = index
-        if self.digests is not None:
-            self.digests += digest
+        index_by_id[entry_id] = index
+        if digests is not None:
+            digests += digest
         if self.entries is not None:
-            self.entries.append(value)
-        parent = value.get("parentId")
-        if parent == self.previous_id:
-            parent = self.previous_id  # nearly always: one string object instead of two
-        self.parents.append(parent)
+            self.entries.append(value)  # the entries' own parentIds serve the checks below
+        else:
+            parent = value.get("parentId")
+            if parent == self.previous_id:
+                parent = self.previous_id  # nearly always: one string object instead of two
+            self.parents.append(parent)
         self.lines.append(lineno)
         self.previous_id = entry_id
         if self.entry_check is not None and self.check_error is None:
@@ -1190,19 +1199,29 @@ class _Checker:
         forward = None
         if not self.minted:
             ids = list(self.index_by_id)
+            entries = self.entries
+            if entries is not None:
+                parents: list[Any] = [entry.get("parentId") for entry in entries]
+                by_id: Mapping[str, Mapping[str, Any]] = dict(zip(ids, entries))
+                order: Sequence[Mapping[str, Any]] = entries
+            else:
+                parents = self.parents
+                by_id, order = _LinkMap(self.index_by_id, parents), _Links(ids, parents)
             try:
-                check_acyclic(_LinkMap(self.index_by_id, self.parents), _Links(ids, self.parents))
+                check_acyclic(by_id, order)
             except InvalidEntryError as exc:
                 line = self.lines[exc.index] if exc.index is not None else 0
                 raise _at_line(line, exc) from None
-            forward = self._first_forward_parent(ids)
+            forward = self._first_forward_parent(ids, parents)
         if self.check_error is not None:
             raise self.check_error
         return forward
 
-    def _first_forward_parent(self, ids: list[str]) -> tuple[int, str, str] | None:
+    def _first_forward_parent(
+        self, ids: list[str], parents: list[Any]
+    ) -> tuple[int, str, str] | None:
         index_by_id = self.index_by_id
-        for index, parent in enumerate(self.parents):
+        for index, parent in enumerate(parents):
             if parent:
                 where = index_by_id.get(parent)
                 if where is not None and where > index:
@@ -1286,9 +1305,9 @@ class PiScan:
     entries, which :func:`iter_pi_entries` then reads again one at a time.
 
     The scan has applied every rule :func:`read_pi_file` applies, so a file it accepts gives
-    exactly ``read_pi_file``'s entries. It holds a few dozen bytes per entry (id, line), never
-    the entries. Close it (or use it as a context manager) to release a spooled copy of a
-    stream.
+    exactly ``read_pi_file``'s entries. It holds about 130 bytes per entry (its id, index and
+    line), never the entries. Close it (or use it as a context manager) to release a spooled
+    copy of a stream.
     """
 
     header: dict[str, Any] | None
@@ -1346,13 +1365,14 @@ def scan_pi_file(source: PiSource, *, entry_check: EntryCheck | None = None) -> 
     ``source`` is what :func:`read_pi_file` takes. Paths and seekable streams are read again
     by :func:`iter_pi_entries` (only as far as this scan read, and verified line by line);
     other streams are copied to a temporary file while they are scanned. Raises
-    :class:`InvalidEntryError` exactly where :func:`read_pi_file` does.
+    :class:`InvalidEntryError` exactly where :func:`read_pi_file` does. A v1 file is read
+    twice by the scan itself: the ids it mints depend on the hash of the whole file, and the
+    checks see the entries with their final ids.
 
     ``entry_check(entry, line)``, if given, sees every entry exactly as ``iter_pi_entries``
-    will yield it, in order (a v1 file is read twice for that: its ids depend on the hash
-    of the whole file). It must not change or keep the entry. An
+    will yield it, in order. It must not change or keep the entry. An
     :class:`~store.errors.InvalidInputError` it raises is raised by the scan once the file
-    has passed all of the model's own checks.
+    has passed all of the model's own checks (which are reported first).
     """
     replay = _replay(source)
     try:
@@ -1429,44 +1449,46 @@ def _scan(
     """
     parser = _Parser()
     plan = _Plan()
-    header: dict[str, Any] | None = None
     migration = PiMigration(None)
     checker = _Checker(entry_check, minted=False, keep=keep)
     dropped: list[int] = []
     # v1 files: ids depend on the hash of the whole file, so this first read only notes what
     # the migration needs; the entries are checked in a second walk, once ids are minted.
     v1_values: list[tuple[int, Any]] = []
-    wanted: set[int] = set()
-    position = -1
-    for lineno, value in parser.values(source.lines()):
-        position += 1
-        if position == 0:
-            header = value
-            migration = _migrate_header(value)
-            plan.v1 = "v1->v2" in migration.steps
-            plan.v2_to_v3 = "v2->v3" in migration.steps
-            if plan.v1:
-                checker = _Checker(entry_check, minted=True, keep=keep)
-                if keep:
-                    v1_values.append((lineno, value))
-            continue
-        is_session = value.get("type") == "session"
-        if is_session:
-            dropped.append(lineno)
-        if plan.v1:
+    values = parser.values(source.lines())
+    first = next(values, None)  # the header, if the file has one
+    header: dict[str, Any] | None = None if first is None else first[1]
+    position = 0
+    if header is not None:
+        migration = _migrate_header(header)
+        plan.v1 = "v1->v2" in migration.steps
+        plan.v2_to_v3 = "v2->v3" in migration.steps
+    if plan.v1:
+        checker = _Checker(entry_check, minted=True, keep=keep)
+        if keep and first is not None:
+            v1_values.append(first)
+        wanted: set[int] = set()
+        for position, (lineno, value) in enumerate(values, 1):
             if keep:
                 v1_values.append((lineno, value))
+            is_session = value.get("type") == "session"
             if is_session:
+                dropped.append(lineno)
                 plan.session_positions.append(position)
             if position in wanted:
                 plan.forward_ids[position] = _NO_TARGET if is_session else value.get("id", _MISSING)
             target = None if is_session else _wanted_forward(value, position)
             if target is not None:
                 wanted.add(target)
-        elif not is_session:
+    else:
+        add = checker.add
+        for lineno, value in values:
+            if value.get("type") == "session":
+                dropped.append(lineno)
+                continue
             if plan.v2_to_v3:
                 _migrate_v2_entry(value)
-            checker.add(lineno, value)
+            add(lineno, value)
 
     content_hash = parser.hasher.digest() if parser.hasher is not None else b""
     if parser.header_state != "ok" or header is None:
@@ -1485,7 +1507,6 @@ def _scan(
         walk = v1_values if keep else _Parser(hashing=False).values(source.lines())
         for lineno, entry in _final_entries(plan, walk):
             checker.add(lineno, entry)
-        del v1_values
     forward = checker.finish()
     plan.collapsed = frozenset(checker.collapsed)
     scan = PiScan(
