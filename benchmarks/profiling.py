@@ -182,7 +182,7 @@ def run(ctx: Context, out_dir: Path) -> None:
         with _AllThreads() as prof:
             for _ in range(reps):
                 data = reader.read_session(info["sid"])
-                Session(data.header.pi_header, data.all_entries).build_context()
+                Session(data.header.pi_header, data.all_entries, validated=True).build_context()
         rstats = prof.stats()
         rbd = _breakdown(rstats, reps)
         report["resume_size"] = n
@@ -243,6 +243,7 @@ def run(ctx: Context, out_dir: Path) -> None:
     micro[f"check_unique_ids_{big_n}_ms"] = _median_us(lambda: _check_unique_ids("s", [], big), km) / 1000
     header = {"type": "session", "version": 3, "id": "m", "timestamp": "2026-01-01T00:00:00.000Z", "cwd": "/"}
     micro[f"session_init_{big_n}_ms"] = _median_us(lambda: Session(header, big), km) / 1000
+    micro[f"session_init_validated_{big_n}_ms"] = _median_us(lambda: Session(header, big, validated=True), km) / 1000
     sess = Session(header, big)
     micro[f"build_context_only_{big_n}_ms"] = _median_us(sess.build_context, km) / 1000
     # What one full collection costs while a resumed session of that size is alive (parsing

@@ -417,7 +417,7 @@ def cmd_import(args: argparse.Namespace, ctx: Ctx) -> int:
     def one(path: str) -> dict[str, Any]:
         sid = args.id or (uuid7() if args.new_ids else None)
         try:
-            source: Any = sys.stdin.buffer.read() if path == "-" else Path(path)
+            source: Any = sys.stdin.buffer if path == "-" else Path(path)  # a pipe is spooled to disk, not memory
             handle = store.import_pi_session(source, sid)
             entries = handle.tail().entry_count
             return {"path": path, "ok": True, "session": handle.session_id, "entries": entries}
