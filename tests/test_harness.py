@@ -525,6 +525,12 @@ def test_proxy_upstream_down_resets_the_client(own_redis: RedisServer, tcp_proxy
     own_redis.kill()
     with pytest.raises(redis.ConnectionError):
         client.ping()
+    # Whether that ping met the old connection already closed or tried a new one is a race;
+    # a new client's connection certainly reaches the proxy and fails upstream.
+    fresh = _one_shot(proxy.redis_url())
+    with pytest.raises(redis.ConnectionError):
+        fresh.ping()
+    fresh.close()
     assert proxy.stats()["upstream_failures"] >= 1
     own_redis.start()
     assert client.ping()
