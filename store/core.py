@@ -75,6 +75,7 @@ _NONCE_KEY = "nonce"
 _SHA_KEY = "sha256"
 _SCHEMA_KEY = "schema"
 _MAX_READ_RESTARTS = 8
+_INDEX_TOUCH_EVERY_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +172,7 @@ class SessionStore:
         self.options = options or StoreOptions()
         self._owns = owns_backends
         self._headers: dict[str, Header] = {}
+        self._index_touched: dict[str, float] = {}
         self._headers_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(
             max_workers=self.options.read_concurrency, thread_name_prefix="sessionstore-read"
@@ -345,6 +347,7 @@ class SessionStore:
         }
         rebuilt_for: int | None = None
         round_no = 0
+        busy = 0
         deadline = time.monotonic() + self.options.max_wait_s
         while round_no < self.options.max_rounds:
             res = self.coord.check(
@@ -359,11 +362,15 @@ class SessionStore:
             )
             if res.code == "BUSY":
                 # Another writer is PUTting segment n+1: wait for it in Redis (cheap) rather
-                # than race it in the object store (a PUT and a GET lost per round).
+                # than race it in the object store (a PUT and a GET lost per round). The wait
+                # grows while we stay behind others, so a queue of writers does not busy-poll.
                 if time.monotonic() > deadline:
                     break
-                time.sleep(random.uniform(0.0005, 0.0015) if res.wait_ms > 2 else res.wait_ms / 1000)
+                busy += 1
+                pause = min(0.0005 * (2 ** min(busy, 4)), 0.008) * random.uniform(0.5, 1.5)
+                time.sleep(min(pause, res.wait_ms / 1000) if res.wait_ms > 0 else pause)
                 continue
+            busy = 0
             round_no += 1
             if res.code == "HYDRATE" or res.code == "INCARNATION":
                 header = self._repair_state(sid, header, res.code)
@@ -454,10 +461,29 @@ class SessionStore:
             return "ours"
         return obj
 
+    def _index_due(self, sid: str) -> bool:
+        """Bump the session index at most every few seconds per session and process: it is
+        a hint for listings, and skipping it keeps most commits to a single script call."""
+        now = time.monotonic()
+        with self._headers_lock:
+            last = self._index_touched.get(sid, -1e9)
+            if now - last < _INDEX_TOUCH_EVERY_S:
+                return False
+            self._index_touched[sid] = now
+            if len(self._index_touched) > 100_000:
+                self._index_touched.clear()
+        return True
+
     def _commit_after_put(self, sid: str, header: Header, n: int, batch: PreparedBatch) -> None:
         try:
             res = self.coord.commit(
-                sid, header.incarnation, n, batch.ids, batch.hashes, size=len(batch.body), touch_index=True
+                sid,
+                header.incarnation,
+                n,
+                batch.ids,
+                batch.hashes,
+                size=len(batch.body),
+                touch_index=self._index_due(sid),
             )
             if res.code in ("HYDRATE", "BEHIND", "INCARNATION"):
                 # Redis lost or changed the state since CHECK. The segment is durable; the
