@@ -489,18 +489,13 @@ def _redact(url: str) -> str:
 
 
 def _delete_redis_prefix(url: str, prefix: str) -> None:
-    client = make_redis(url)
+    from coordination.redis import Coordinator
+
+    coord = Coordinator.from_url(url, prefix=prefix)
     try:
-        batch: list[bytes] = []
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                client.unlink(*batch)
-                batch.clear()
-        if batch:
-            client.unlink(*batch)
+        coord.purge()
     finally:
-        client.close()
+        coord.close()
 
 
 def _delete_s3_prefix(objects_url: str) -> None:

@@ -386,5 +386,26 @@ class Coordinator:
         self._call(lambda: pubsub.subscribe(self.keys.changes(sid)))
         return pubsub
 
+    def purge(self) -> int:
+        """Delete every key under this coordinator's prefix (tests, demos, benchmarks: never
+        the store's own path). Returns how many were deleted."""
+
+        def go() -> int:
+            deleted = 0
+            batch: list[Any] = []
+            for key in self.client.scan_iter(match=f"{self.keys.prefix}:*", count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    deleted += self._unlink(batch)
+                    batch.clear()
+            return deleted + (self._unlink(batch) if batch else 0)
+
+        return self._call(go, retry=False)
+
+    def _unlink(self, keys: list[Any]) -> int:
+        if self.cluster:  # keys of several slots cannot go in one command there
+            return sum(int(self.client.unlink(k)) for k in keys)
+        return int(self.client.unlink(*keys))
+
     def ping(self) -> bool:
         return bool(self._call(self.client.ping))

@@ -255,21 +255,14 @@ def redis_prefix() -> Iterator[str]:
 
 
 def _delete_redis_prefix(url: str, prefix: str) -> None:
-    import redis
+    from coordination.redis import Coordinator
 
     try:
-        client = redis.Redis.from_url(url, socket_timeout=5)
+        coord = Coordinator.from_url(url, prefix=prefix)
         try:
-            batch: list[bytes] = []
-            for key in client.scan_iter(match=f"{prefix}*", count=1000):
-                batch.append(key)
-                if len(batch) >= 500:
-                    client.unlink(*batch)
-                    batch.clear()
-            if batch:
-                client.unlink(*batch)
+            coord.purge()
         finally:
-            client.close()
+            coord.close()
     except Exception as exc:  # pragma: no cover - cleanup must not fail the test
         print(f"warning: could not clean Redis keys {prefix}*: {exc}", file=sys.stderr)
 

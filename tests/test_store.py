@@ -356,3 +356,16 @@ def test_entries_the_session_model_cannot_read_are_refused(store: SessionStore, 
         store.append_session_entries("pi", [bad])
     assert snapshot(store) == before
     store.load_session("pi").build_context()  # still readable
+
+
+def test_purge_removes_only_its_own_prefix(make_store: Callable[..., SessionStore], redis_prefix: str) -> None:
+    mine = make_store(redis_prefix=redis_prefix + "-a")
+    other = make_store(redis_prefix=redis_prefix + "-b")
+    for s, sid in ((mine, "p"), (other, "q")):
+        s.create_session(sid)
+        s.append_session_entries(sid, [entry("a", None)])
+    assert mine.coord.purge() >= 3  # tail, ids, session index
+    assert mine.coord.tail("p") is None
+    assert other.coord.tail("q") is not None
+    # Nothing durable lived there: the session reads back whole.
+    assert mine.load_session_entries("p") == [entry("a", None)]

@@ -655,10 +655,7 @@ def _cleanup_external(store: SessionStore, loc: Location) -> None:
         keys = [i.key for i in store.objects.list(store.layout.prefix)] if store.layout.prefix else []
         if keys:
             store.objects.delete_many(keys)
-        client = store.coord.client
-        batch = list(client.scan_iter(match=f"{loc.redis_prefix}:*", count=1000))
-        for i in range(0, len(batch), 500):
-            client.unlink(*batch[i : i + 500])
+        store.coord.purge()
     except Exception as exc:  # cleanup must not turn a passed demo into a failure
         err(f"sessionstore demo: could not remove the run's data ({exc})")
 
