@@ -21,6 +21,7 @@ from typing import Any, Iterable
 import orjson
 
 from store import SessionStore
+from store.errors import ConflictError, IndeterminateError, SessionStoreError
 
 
 @dataclass
@@ -38,6 +39,23 @@ class Op:
     @classmethod
     def from_json(cls, line: bytes) -> "Op":
         return cls(**orjson.loads(line))
+
+
+def attempt(
+    store: SessionStore, sid: str, batch: list[dict[str, Any]], expected: str | None
+) -> Op:
+    """Append one batch and record how it ended, in the form check_history reads."""
+    op = Op(sid, [e["id"] for e in batch], expected, "ok")
+    try:
+        op.seq = store.append_session_entries(sid, batch, expected).seq
+    except ConflictError as exc:
+        op.outcome = "conflict"
+        op.actual_tail = exc.actual_tail_entry_id
+    except IndeterminateError:
+        op.outcome = "indeterminate"
+    except SessionStoreError as exc:
+        op.outcome = f"error:{type(exc).__name__}:{exc}"
+    return op
 
 
 @dataclass

@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from history import Op, check_history
+from history import Op, attempt, check_history
+
 from store import SessionStore
-from store.errors import ConflictError, SessionStoreError
 
 
 def _entry(eid: str, parent: str | None) -> dict[str, Any]:
@@ -35,14 +35,9 @@ def test_store_on_redis_cluster(cluster_url: str, s3_url: str) -> None:
             eid = f"w{w}-{i}"
             expected = store.get_tail(sid).last_entry_id if i % 2 else None
             parent = (expected or None) if i % 2 else last[sid]
-            op = Op(sid, [eid], expected, "ok")
-            try:
-                op.seq = store.append_session_entries(sid, [_entry(eid, parent)], expected).seq
+            op = attempt(store, sid, [_entry(eid, parent)], expected)
+            if op.outcome == "ok":
                 last[sid] = eid
-            except ConflictError:
-                op.outcome = "conflict"
-            except SessionStoreError as exc:
-                op.outcome = f"error:{type(exc).__name__}:{exc}"
             with lock:
                 ops.append(op)
 

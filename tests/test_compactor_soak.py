@@ -21,12 +21,11 @@ from typing import Any
 
 import orjson
 import pytest
+from history import Op, attempt, check_history, load_ops
+from test_compactor import keys_of, reachable
 
 from compactor import Compactor, CompactorOptions
-from history import Op, check_history, load_ops
 from store import SessionStore
-from store.errors import ConflictError, IndeterminateError, SessionStoreError
-from test_compactor import keys_of, reachable
 
 DURATION_S = 30.0
 SESSIONS = ["soak-a", "soak-b", "soak-c"]
@@ -77,18 +76,10 @@ def _writer(objects_url: str, redis_url: str, prefix: str, wid: int, log_path: s
                 ids = ids[:1]
             else:
                 batch = [_entry(ids[0], parent)] + [_entry(ids[k], ids[k - 1]) for k in range(1, len(ids))]
-            op = Op(sid, ids, expected, "ok")
-            try:
-                op.seq = store.append_session_entries(sid, batch, expected).seq
+            op = attempt(store, sid, batch, expected)
+            if op.outcome == "ok":
                 last[sid] = ids[-1]
                 mine[sid].extend(ids)
-            except ConflictError as exc:
-                op.outcome = "conflict"
-                op.actual_tail = exc.actual_tail_entry_id
-            except IndeterminateError:
-                op.outcome = "indeterminate"
-            except SessionStoreError as exc:
-                op.outcome = f"error:{type(exc).__name__}:{exc}"
             log.write(op.to_json() + b"\n")
             log.flush()
     store.close()

@@ -13,10 +13,14 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from botocore.awsrequest import AWSResponse
+from history import Op, attempt, check_history, load_ops
 
-from history import Op, check_history, load_ops
 from store import SessionStore
-from store.errors import BackendUnavailableError, ConflictError, IndeterminateError, SessionStoreError
+from store.errors import (
+    BackendUnavailableError,
+    IndeterminateError,
+    SessionStoreError,
+)
 from store.retry import RetryPolicy
 
 
@@ -216,16 +220,9 @@ def _threaded_writers(store: SessionStore, sessions: list[str], per_thread: int,
                 except SessionStoreError:
                     continue
                 parent = expected or None
-            op = Op(sid, ids, expected, "ok")
-            try:
-                op.seq = store.append_session_entries(sid, [entry(ids[0], parent)], expected).seq
+            op = attempt(store, sid, [entry(ids[0], parent)], expected)
+            if op.outcome == "ok":
                 last[sid] = ids[0]
-            except ConflictError:
-                op.outcome = "conflict"
-            except IndeterminateError:
-                op.outcome = "indeterminate"
-            except SessionStoreError as exc:
-                op.outcome = f"error:{type(exc).__name__}"
             with lock:
                 ops.append(op)
 

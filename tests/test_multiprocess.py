@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from history import attempt, check_history, load_ops
 
-from history import Op, check_history, load_ops
 from store import SessionStore
-from store.errors import ConflictError, IndeterminateError, SessionStoreError
 
 
 def _entry(eid: str, parent: str | None) -> dict[str, Any]:
@@ -46,18 +45,9 @@ def writer(
                 expected = store.get_tail(sid).last_entry_id
                 parent = expected or None
             batch = [_entry(ids[0], parent)] + [_entry(ids[k], ids[k - 1]) for k in range(1, len(ids))]
-            op = Op(sid, ids, expected, "ok")
-            try:
-                res = store.append_session_entries(sid, batch, expected)
-                op.seq = res.seq
+            op = attempt(store, sid, batch, expected)
+            if op.outcome == "ok":
                 last[sid] = ids[-1]
-            except ConflictError as exc:
-                op.outcome = "conflict"
-                op.actual_tail = exc.actual_tail_entry_id
-            except IndeterminateError:
-                op.outcome = "indeterminate"
-            except SessionStoreError as exc:
-                op.outcome = f"error:{type(exc).__name__}:{exc}"
             log.write(op.to_json() + b"\n")
             log.flush()
     store.close()

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 import pytest
+from pi_samples import conversation_message
 
 from store.errors import EntryNotFoundError, InvalidEntryError, InvalidInputError
 from store.pi_format import (
@@ -897,41 +898,12 @@ def test_session_api() -> None:
 
 def _large_session_lines(target_bytes: int) -> Iterator[bytes]:
     rng = random.Random(7)
-    words = [
-        "session",
-        "agent",
-        "tool",
-        "result",
-        "branch",
-        "leaf",
-        "pi",
-        "store",
-        "é",
-        "λ",
-        "\u2028",
-    ]
     yield dumps_js(HEADER) + b"\n"
     written, parent, n = 0, None, 0
     while written < target_bytes:
         n += 1
         entry_id = f"{n:08x}"
-        text = " ".join(rng.choice(words) for _ in range(rng.randint(100, 600)))
-        if n % 2:
-            message: dict[str, Any] = {
-                "role": "user",
-                "content": text,
-                "timestamp": 1740823200000 + n,
-            }
-        else:
-            message = {
-                "role": "assistant",
-                "content": [{"type": "text", "text": text}],
-                "provider": "anthropic",
-                "model": "claude",
-                "stopReason": "stop",
-                "usage": {"input": n, "output": 5, "cost": {"input": 0.0003, "total": 0.00105}},
-                "timestamp": 1740823200000 + n,
-            }
+        message = conversation_message(rng, n)
         line = (
             dumps_js(
                 {

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 import pytest
+from pi_samples import conversation_message
 
 from store.core import SessionStore
 from store.errors import BatchTooLargeError, InvalidEntryError, InvalidInputError
@@ -529,8 +530,6 @@ _IMPORT_SCRIPT = textwrap.dedent(
     """
 )
 
-_WORDS = ["session", "agent", "tool", "result", "branch", "leaf", "pi", "store", "é", "λ", "\u2028"]
-
 
 def _write_large_file(path: Path, target_bytes: int, *, v1: bool) -> None:
     """A realistic pi file, written line by line (the test process never holds it)."""
@@ -543,23 +542,7 @@ def _write_large_file(path: Path, target_bytes: int, *, v1: bool) -> None:
         n = 0
         while written < target_bytes:
             n += 1
-            text = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(100, 600)))
-            if n % 2:
-                message: dict[str, Any] = {
-                    "role": "user",
-                    "content": text,
-                    "timestamp": 1740823200000 + n,
-                }
-            else:
-                message = {
-                    "role": "assistant",
-                    "content": [{"type": "text", "text": text}],
-                    "provider": "anthropic",
-                    "model": "claude",
-                    "stopReason": "stop",
-                    "usage": {"input": n, "output": 5, "cost": {"input": 0.0003, "total": 0.00105}},
-                    "timestamp": 1740823200000 + n,
-                }
+            message = conversation_message(rng, n)
             entry: dict[str, Any] = {
                 "type": "message",
                 "timestamp": "2025-03-01T10:00:00.000Z",
