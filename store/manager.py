@@ -57,6 +57,7 @@ class SessionManager:
         session = self.store.load_session(self.session_id)
         self._header = session.header
         self._entries: list[dict[str, Any]] = list(session.entries)
+        self._ids: set[str] = {e["id"] for e in self._entries}
         self._session: Session | None = session
         self._tail: str = session.leaf_id or ""
         self._leaf: str | None = session.leaf_id
@@ -64,7 +65,8 @@ class SessionManager:
     @property
     def session(self) -> Session:
         if self._session is None:
-            self._session = Session(self._header, self._entries)
+            # Loaded from the store or validated on append: no need to check them again.
+            self._session = Session(self._header, self._entries, validated=True)
         return self._session
 
     def get_leaf_id(self) -> str | None:
@@ -137,16 +139,14 @@ class SessionManager:
                 raise
 
     def _append(self, fields_before_id: dict[str, Any], fields_after: dict[str, Any], etype: str) -> str:
-        taken = {e["id"] for e in self._entries}
-        if self._pending:
-            taken.update(e["id"] for e in self._pending)
-        eid = new_entry_id(taken)
+        eid = new_entry_id(self._ids)
         entry: dict[str, Any] = {"type": etype}
         entry.update(fields_before_id)
         entry["id"] = eid
         entry["parentId"] = self._leaf
         entry["timestamp"] = iso_now()
         entry.update((k, v) for k, v in fields_after.items() if v is not None)
+        self._ids.add(eid)  # reserved now so a batch never mints the same id twice
         if self._pending is not None:
             self._pending.append(entry)
             self._leaf = eid
