@@ -17,8 +17,11 @@ are JSON on stdout.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import signal
 import sys
+import threading
 from dataclasses import asdict
 from typing import Any, Sequence
 
@@ -30,7 +33,9 @@ from compactor.jobs import JobQueue
 from compactor.logs import configure
 from compactor.worker import Worker
 from store.core import SessionStore
-from store.errors import SessionStoreError
+from store.errors import BackendUnavailableError, SessionStoreError
+
+log = logging.getLogger("sessionstore.compactor")
 
 _COMMANDS = ("work", "compact", "gc", "history", "parked")
 
@@ -94,6 +99,32 @@ def _print(value: Any) -> None:
     sys.stdout.flush()
 
 
+def _open_store(args: argparse.Namespace) -> SessionStore | None:
+    """Open the store. A worker (``work``) started during an outage waits for the backends
+    with backoff, logging why, instead of exiting; SIGTERM/SIGINT while waiting stop it
+    (None). One-shot commands fail at once. A refusal (bad credentials, a missing bucket, a
+    backend without conditional writes) is never waited on."""
+    if args.command != "work":
+        return SessionStore.from_url(args.objects, args.redis, redis_prefix=args.redis_prefix)
+    stop = threading.Event()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        wait = 0.5
+        while not stop.is_set():
+            try:
+                return SessionStore.from_url(args.objects, args.redis, redis_prefix=args.redis_prefix)
+            except BackendUnavailableError as exc:
+                log.warning("store unavailable at start, retrying", extra={"error": str(exc), "wait_s": wait})
+                stop.wait(wait)
+                wait = min(wait * 2, 30.0)
+        return None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if not args_list or args_list[0] not in _COMMANDS and args_list[0] not in ("-h", "--help"):
@@ -110,10 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker=args.name,
     )
     try:
-        store = SessionStore.from_url(args.objects, args.redis, redis_prefix=args.redis_prefix)
+        store = _open_store(args)
     except SessionStoreError as exc:
         print(f"error: cannot open the store: {exc}", file=sys.stderr)
         return 2
+    if store is None:
+        return 0  # stopped while waiting for the store
     try:
         compactor = Compactor(store, options)
         if args.command == "work":

@@ -11,8 +11,11 @@ segment s <= L.through    ``delete_after`` of the oldest existing manifest with
                           ``through_seq >= s`` (the one that merged it)
 manifest m < L            ``delete_after`` of the next existing manifest after m
 base named by m < L       the same as m
-base named by no          the start time in its key + grace (an orphan: its manifest lost
-manifest                  the race, or its worker died before creating it)
+base named by no          the start time in its key + grace, and its generation (also in
+manifest                  its key) at most the newest manifest's: an orphan whose manifest
+                          lost the race, or whose worker died. A grace-old orphan of the
+                          next generation gets that generation taken by a fence manifest
+                          first (see ``_orphans``): a worker that paused may still create it
 another incarnation's     the current header's ``created_at_ms`` + grace
 object                    (leftovers of a deleted session, see store/layout.py)
 objects of a session      first seen by GC (a mark in Redis) + grace
@@ -31,9 +34,14 @@ yet its manifest is protected the same way: it gives up if it took half the grac
 
 Decisions are made on one LIST taken before the header and the manifests are read, so an
 object created during the pass is never a candidate; objects only ever become *less*
-reachable over time, except an orphan base adopted by a manifest created during the pass,
-which is younger than half a grace period by the rule above. Deleting twice, or from two
-machines at once, is harmless.
+reachable over time (an orphan base can only be adopted by the create of its own
+generation's manifest, which the rules above forbid once it is a candidate), so a GC that
+pauses between deciding and deleting deletes nothing that became live meanwhile. Deleting
+twice, or from two machines at once, is harmless. Before deleting segments, GC fences their
+slots in Redis (``_fence_retired``), so that a writer that paused before its PUT and then
+re-created one is never acknowledged (docs/design.md, "Pauses"). Times: a manifest's grace
+runs from the later of the times written inside it and its creation by the object store's
+clock, since a compactor may pause between taking its finish time and the create.
 """
 
 from __future__ import annotations
@@ -43,10 +51,18 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import orjson
+
 from compactor.jobs import redis_call
-from compactor.records import GcResult
+from compactor.records import MANIFEST_SCHEMA, GcResult, iso_ms
 from store.core import Manifest
-from store.errors import BackendError, ObjectNotFoundError, SessionNotFoundError, SessionStoreError
+from store.errors import (
+    BackendError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    SessionNotFoundError,
+    SessionStoreError,
+)
 from store.layout import Layout
 
 if TYPE_CHECKING:
@@ -156,7 +172,7 @@ class GarbageCollector:
         latest = store.latest_manifest(sid, inc)
         if latest is None:
             # No manifest: every segment is live, and no base is named by anything.
-            return self._orphans(bases, set(), now, grace), 0
+            return self._orphans(sid, inc, None, bases, set(), now, grace)
         infos = self._manifest_infos(sid, inc, latest, manifests, grace)
         due: list[tuple[str, str]] = []
         waiting = 0
@@ -195,9 +211,34 @@ class GarbageCollector:
                 due.append(("base", base))
             else:
                 waiting += 1
-        orphans = self._orphans([b for b in bases if b not in named], live_bases, now, grace)
-        waiting += sum(1 for b in bases if b not in named) - len(orphans)
+        orphans, orphans_waiting = self._orphans(
+            sid, inc, latest, [b for b in bases if b not in named], live_bases, now, grace
+        )
+        waiting += orphans_waiting
+        segments_due = [k for kind, k in due if kind == "segment"]
+        if segments_due and not self._fence_retired(sid, inc, latest.through_seq):
+            due = [(kind, k) for kind, k in due if kind != "segment"]
+            waiting += len(segments_due)
         return due + orphans, waiting
+
+    def _fence_retired(self, sid: str, inc: str, through_seq: int) -> bool:
+        """Tell Redis that slots 1..through_seq are retired before deleting any of them.
+
+        A writer that passed CHECK long ago (it paused) and re-creates a deleted slot must be
+        told ZOMBIE at its COMMIT, never OK. Redis learns the fence here (and from the
+        compactor right after the manifest); a rebuild after a flush learns it from the
+        manifest itself; a rebuild older than the grace period is refused by INSTALL. We are
+        past the manifest's grace period now, so every rebuild Redis could still accept read
+        the manifest. Without Redis no segment is deleted: they wait for the next pass.
+        """
+        try:
+            self._c.store.coord.retired(sid, inc, through_seq)
+        except BackendError as exc:
+            log.warning("segments kept: Redis unavailable to fence them",
+                        extra={"session_id": sid, "error": repr(exc)})
+            return False
+        self._c.fault("gc.after_fence", session_id=sid, through_seq=through_seq)
+        return True
 
     def _manifest_infos(
         self, sid: str, inc: str, latest: Manifest, listed: dict[int, str], grace: int
@@ -216,21 +257,122 @@ class GarbageCollector:
                     obj = store.options.retry.call(lambda: store.objects.get(key))
                 except ObjectNotFoundError:
                     continue  # deleted by another pass: what it retired is past its grace too
-                manifest = Manifest.from_json(key, obj.data)
+                manifest = Manifest.from_json(key, obj.data, obj.last_modified_ms)
             out.append(_info(manifest, grace))
         return out
 
     def _orphans(
-        self, candidates: list[str], live: set[str], now: int, grace: int
-    ) -> list[tuple[str, str]]:
+        self,
+        sid: str,
+        inc: str,
+        latest: Manifest | None,
+        candidates: list[str],
+        live: set[str],
+        now: int,
+        grace: int,
+    ) -> tuple[list[tuple[str, str]], int]:
+        """Bases no manifest names: due, and how many wait.
+
+        A base is written for one generation g (its key says which) and only the create of
+        manifest g can ever name it. While g is above the newest manifest, its compactor may
+        still be alive, however old the base is (the compactor may have paused after its
+        last check and before that create). So age alone never makes such a base garbage:
+        once it is a grace period old, GC takes generation g itself with a *fence*
+        manifest (the newest one's content under generation g, see ``_fence_generation``).
+        From then on the base can never be named by the newest manifest (a paused compactor's
+        create of g fails, or re-creates g below the newest after g was deleted, where no
+        reader looks), and it is deleted like any other orphan.
+        """
+        newest = latest.generation if latest is not None else 0
         due: list[tuple[str, str]] = []
+        waiting = 0
+        next_gen: list[str] = []
         for key in candidates:
             if key in live:
                 continue
             started = _base_started_ms(key)
-            if started is not None and now >= started + grace:
+            gen = _base_generation(key)
+            if started is None or gen is None or now < started + grace:
+                waiting += 1
+            elif gen <= newest:
                 due.append(("orphan_base", key))
-        return due
+            elif gen == newest + 1:
+                next_gen.append(key)
+            else:
+                waiting += 1  # a generation beyond the next: it waits for the one before
+        if next_gen:
+            if self._fence_generation(sid, inc, latest, newest + 1, now, grace):
+                due.extend(("orphan_base", key) for key in next_gen)
+            else:
+                waiting += len(next_gen)
+        return due, waiting
+
+    def _fence_generation(
+        self, sid: str, inc: str, latest: Manifest | None, gen: int, now: int, grace: int
+    ) -> bool:
+        """Create manifest ``gen`` with the newest manifest's content (or an empty one).
+
+        It changes nothing a reader sees (same bases, same ``through_seq``) and retires
+        nothing; it only takes the generation away from a compactor that wrote bases for it
+        and never came back. If that compactor's own create lands first, ours fails and its
+        bases are named: both outcomes are fine. True when ours was created (the bases are
+        then garbage at once; otherwise the next pass decides from what it lists).
+        """
+        store = self._c.store
+        if latest is not None:
+            body = dict(latest.raw)
+            history = [
+                {**latest.raw["compaction"], "generation": latest.generation}
+            ] if isinstance(latest.raw.get("compaction"), dict) else []
+            history.extend(h for h in latest.raw.get("history") or [] if isinstance(h, dict))
+            limit = self._c.options.history_limit
+            body["history"] = history[:limit]
+        else:
+            body = {
+                "schema": MANIFEST_SCHEMA,
+                "session_id": sid,
+                "incarnation": inc,
+                "through_seq": 0,
+                "seq_counts": [],
+                "bases": [],
+                "entry_count": 0,
+                "last_entry_id": "",
+                "history": [],
+            }
+        body.update(
+            generation=gen,
+            previous_generation=latest.generation if latest is not None else 0,
+            retired=[],
+            grace_ms=grace,
+            delete_after_ms=now + grace,
+            compaction={
+                "kind": "fence",
+                "segments_merged": [0, 0],
+                "segment_count": 0,
+                "entries": 0,
+                "bytes_in": 0,
+                "bytes_out": 0,
+                "redactions_purged": 0,
+                "worker": self._c.worker,
+                "started_at": iso_ms(now),
+                "finished_at": iso_ms(now),
+                "started_at_ms": now,
+                "finished_at_ms": now,
+            },
+        )
+        key = store.layout.manifest(sid, inc, gen)
+        self._c.fault("gc.before_fence_manifest", session_id=sid, generation=gen)
+        try:
+            store.options.retry.call(
+                lambda: store.objects.put_if_absent(key, orjson.dumps(body), {"nonce": "gc-fence"})
+            )
+        except ObjectExistsError:
+            return False  # its compactor came back (or another GC fenced it): either way, taken
+        except BackendError as exc:
+            log.warning("fence manifest not created", extra={"session_id": sid, "error": repr(exc)})
+            return False
+        log.info("fenced an abandoned generation", extra={"session_id": sid, "generation": gen})
+        return True
 
     # --- other incarnations ------------------------------------------------------------------
 
@@ -287,6 +429,7 @@ def _info(manifest: Manifest, grace: int) -> _ManifestInfo:
         at = max(
             recorded if isinstance(recorded, int) else 0,
             (finished + grace) if isinstance(finished, int) else 0,
+            _paused_create(manifest, finished, grace),
         )
     return _ManifestInfo(
         manifest.generation,
@@ -294,6 +437,27 @@ def _info(manifest: Manifest, grace: int) -> _ManifestInfo:
         frozenset(str(b["key"]) for b in manifest.bases),
         at,
     )
+
+
+def _paused_create(manifest: Manifest, finished: object, grace: int) -> int:
+    """The times inside a manifest were taken before its create: a compactor that paused in
+    between makes it look older than it is, and GC would delete what it retired at once,
+    not a grace period after it appeared. The object store's creation time cannot be early;
+    when it is later than the finish time by more than half the grace period (far beyond any
+    clock skew we allow), the grace period runs from it instead."""
+    created = manifest.created_ms
+    if created is None or not isinstance(finished, int) or created - finished <= grace // 2:
+        return 0
+    return created + grace
+
+
+def _base_generation(key: str) -> int | None:
+    """The generation in ``<gen:016d>-<started ms>-<token>-<part>.jsonl``, or None."""
+    name = key.rsplit("/", 1)[-1].split(".", 1)[0]
+    parts = name.split("-")
+    if len(parts) != 4 or not parts[0].isdigit():
+        return None
+    return int(parts[0])
 
 
 def _base_started_ms(key: str) -> int | None:

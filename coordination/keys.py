@@ -34,6 +34,11 @@ class Keys:
         """String "<seq>:<nonce>": the writer about to PUT segment seq+1 (advisory, expiring)."""
         return f"{self.prefix}:{{{sid}}}:claim"
 
+    def deleted(self, sid: str) -> str:
+        """String: the incarnation a delete ended, kept for a while so that a rebuild that
+        read the header before the delete is never installed (see scripts.INSTALL)."""
+        return f"{self.prefix}:{{{sid}}}:deleted"
+
     def job_pending(self, sid: str) -> str:
         """Set while a compaction job for the session is queued (de-duplicates jobs)."""
         return f"{self.prefix}:{{{sid}}}:job"
@@ -62,4 +67,4 @@ class Keys:
         return f"{self.prefix}:compaction:workers"
 
     def session_keys(self, sid: str) -> list[str]:
-        return [self.tail(sid), self.ids(sid), self.job_pending(sid), self.claim(sid)]
+        return [self.tail(sid), self.ids(sid), self.job_pending(sid), self.claim(sid), self.deleted(sid)]

@@ -53,7 +53,7 @@ class CheckResult:
 
 @dataclass(frozen=True, slots=True)
 class CommitResult:
-    code: str  # OK ALREADY BEHIND HYDRATE INCARNATION
+    code: str  # OK ALREADY ZOMBIE BEHIND HYDRATE INCARNATION
     seq: int = 0
     inc: str = ""
     #: Segments and bytes committed since the latest manifest (OK only).
@@ -121,6 +121,7 @@ class Coordinator:
         self._install = client.register_script(scripts.INSTALL)
         self._forget = client.register_script(scripts.FORGET)
         self._compacted = client.register_script(scripts.COMPACTED)
+        self._retired = client.register_script(scripts.RETIRED)
 
     @classmethod
     def from_url(
@@ -221,10 +222,15 @@ class Coordinator:
         size: int = 0,
         notify: dict[str, Any] | None = None,
         touch_index: bool = False,
+        own: bool = False,
     ) -> CommitResult:
         """COMMIT segment from_seq+1. ``touch_index`` also bumps the session in the session
         index, in the same round trip (a pipeline: the index is in another hash slot, so it
-        cannot be inside the script; its failure never fails the commit)."""
+        cannot be inside the script; its failure never fails the commit).
+
+        ``own``: the caller PUT this segment itself. When the slot is taken already the reply
+        is then ALREADY only if the batch committed there is the caller's, and ZOMBIE if the
+        caller re-created a slot that compaction had retired (see scripts.COMMIT)."""
         new_seq = from_seq + 1
         args: list[Any] = [inc, from_seq, ids[-1], len(ids)]
         tag = f"{new_seq}:"
@@ -237,6 +243,7 @@ class Coordinator:
         args.append(self.keys.changes(sid))
         args.append(orjson.dumps(payload))
         args.append(size)
+        args.append("1" if own else "0")
         keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.job_pending(sid)]
         if touch_index:
             res = self._call(lambda: self._commit_and_touch(sid, keys, args))
@@ -277,9 +284,19 @@ class Coordinator:
             raise first
         return first
 
-    def compacted(self, sid: str, inc: str, segments: int, size: int) -> None:
-        """Subtract what a new manifest merged from the session's pending counters."""
-        self._call(lambda: self._compacted(keys=[self.keys.tail(sid)], args=[inc, segments, size]))
+    def compacted(self, sid: str, inc: str, segments: int, size: int, through_seq: int = 0) -> None:
+        """Subtract what a new manifest merged from the session's pending counters, and
+        record its ``through_seq`` as retired."""
+        self._call(
+            lambda: self._compacted(keys=[self.keys.tail(sid)], args=[inc, segments, size, through_seq])
+        )
+
+    def retired(self, sid: str, inc: str, through_seq: int) -> bool:
+        """Fence segment slots 1..through_seq before GC deletes them (scripts.RETIRED).
+        False when Redis holds no state of that incarnation (nothing to fence)."""
+        return bool(
+            self._call(lambda: self._retired(keys=[self.keys.tail(sid)], args=[inc, through_seq]))
+        )
 
     def tail(self, sid: str) -> TailState | None:
         raw = self._call(
@@ -306,12 +323,22 @@ class Coordinator:
         ids: Iterable[tuple[str, int, str]],
         pending_segments: int = 0,
         pending_bytes: int = 0,
+        cseq: int = 0,
+        read_at_ms: int = 0,
+        max_age_ms: int = 0,
     ) -> str:
-        """Install state rebuilt from the object store (``ids``: (id, seq, hash))."""
+        """Install state rebuilt from the object store (``ids``: (id, seq, hash)).
+
+        ``read_at_ms``: the client's clock before the rebuild's first read; a rebuild older
+        than ``max_age_ms`` by Redis's clock is refused with "STALE" (see scripts.INSTALL), a
+        rebuild of a deleted incarnation with "DELETED". Otherwise "INSTALLED" or "KEPT"."""
         items = list(ids)
+        fence = (cseq, read_at_ms, max_age_ms)
         pending = (pending_segments, pending_bytes)
         for _ in range(3):
-            code = self._install_once(sid, inc, seq=seq, last=last, count=count, ids=items, pending=pending)
+            code = self._install_once(
+                sid, inc, seq=seq, last=last, count=count, ids=items, pending=pending, fence=fence
+            )
             if code != "LOST":
                 return code
         raise BackendUnavailableError(f"Redis kept losing the rebuilt state of session {sid!r}")
@@ -326,6 +353,7 @@ class Coordinator:
         count: int,
         ids: list[tuple[str, int, str]],
         pending: tuple[int, int],
+        fence: tuple[int, int, int] = (0, 0, 0),
     ) -> str:
         scratch = self.keys.ids_building(sid, uuid.uuid4().hex)
         nids = 0
@@ -345,13 +373,24 @@ class Coordinator:
         flush()
         if nids:
             self._call(lambda: self.client.expire(scratch, 600))
-        keys = [self.keys.tail(sid), self.keys.ids(sid), scratch]
-        res = self._call(lambda: self._install(keys=keys, args=[inc, seq, last, count, nids, *pending]))
+        keys = [self.keys.tail(sid), self.keys.ids(sid), scratch, self.keys.deleted(sid)]
+        res = self._call(
+            lambda: self._install(keys=keys, args=[inc, seq, last, count, nids, *pending, *fence])
+        )
         return _s(res[0])
 
-    def forget(self, sid: str, inc: str = "*") -> bool:
-        keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.job_pending(sid), self.keys.claim(sid)]
-        return bool(self._call(lambda: self._forget(keys=keys, args=[inc])))
+    def forget(self, sid: str, inc: str = "*", *, deleted_for_ms: int = 0) -> bool:
+        """Drop the session's state (of ``inc`` only, unless "*"). ``deleted_for_ms``: also
+        record for that long that ``inc`` was deleted, so that no rebuild of it is installed
+        (a delete passes its rebuild age limit here)."""
+        keys = [
+            self.keys.tail(sid),
+            self.keys.ids(sid),
+            self.keys.job_pending(sid),
+            self.keys.claim(sid),
+            self.keys.deleted(sid),
+        ]
+        return bool(self._call(lambda: self._forget(keys=keys, args=[inc, deleted_for_ms])))
 
     # --- session index and jobs (other slots: never inside a per-session script) ------------
 

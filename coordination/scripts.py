@@ -5,7 +5,10 @@ State of a session (all keys hash-tagged ``{sid}``):
 - ``tail`` hash: ``inc`` (incarnation of the header the state was built from), ``seq`` (last
   committed segment known to Redis; always <= the true tail in the object store), ``last``
   (id of the last entry of segment ``seq``, "" when empty), ``count`` (entries in segments
-  1..seq), ``nids`` (ids in the index, which also holds a fork's inherited path).
+  1..seq), ``nids`` (ids in the index, which also holds a fork's inherited path), ``cseq``
+  (the highest ``through_seq`` of a manifest Redis has been told of: segments 1..cseq are
+  retired and GC may delete them, so no writer may be told to write, or be acknowledged for,
+  one of those slots), ``pseg``/``pbytes`` (pending compaction).
 - ``ids`` hash: entry id -> "<seq>:<content hash>".
 
 A missing ``tail`` never means "empty session": the scripts answer HYDRATE and the client
@@ -24,14 +27,15 @@ _CHUNK = 500
 
 _PRELUDE = """
 local function state(tail_key, ids_key, inc)
-  local t = redis.call('HMGET', tail_key, 'inc', 'seq', 'last', 'count', 'nids')
+  local t = redis.call('HMGET', tail_key, 'inc', 'seq', 'last', 'count', 'nids', 'cseq')
   if not t[1] then return nil, {'HYDRATE'} end
   if t[1] ~= inc then return nil, {'INCARNATION', t[1]} end
   if redis.call('HLEN', ids_key) ~= tonumber(t[5]) then
     -- The id index lost keys (eviction, partial loss): it is rebuilt, never trusted.
     return nil, {'HYDRATE'}
   end
-  return {seq = tonumber(t[2]), last = t[3], count = tonumber(t[4]), nids = tonumber(t[5])}, nil
+  return {seq = tonumber(t[2]), last = t[3], count = tonumber(t[4]), nids = tonumber(t[5]),
+          cseq = tonumber(t[6] or '0')}, nil
 end
 local function hmget_chunked(key, list, first, last)
   local out = {}
@@ -77,6 +81,10 @@ CHECK = _PRELUDE + """
 --   {'HYDRATE'} / {'INCARNATION', inc}      state missing / built from another header
 local s, err = state(KEYS[1], KEYS[2], ARGV[1])
 if not s then return err end
+-- A tail below a manifest's through_seq lags the object store (a stale rebuild, commits
+-- that never reached Redis): segments up to cseq are retired and may be gone, so a writer
+-- told OK here could re-create one. Rebuild first.
+if s.seq < s.cseq then return {'HYDRATE'} end
 local n = tonumber(ARGV[4])
 local found = hmget_chunked(KEYS[2], ARGV, 5, 4 + n)
 local present, dup_seq = 0, nil
@@ -130,14 +138,37 @@ COMMIT = _PRELUDE + """
 -- subtracts what it merges), so the writer can tell when a compaction job is due.
 -- KEYS[3] (optional) the job marker: the reply says whether a compaction job is queued, so
 -- the writer enqueues only when one is due and none is (no extra round trip per append).
--- Returns {'OK', from+1, pseg, pbytes, queued} | {'ALREADY', seq} (someone rolled it forward) |
+-- ARGV[8+2n] "1" when the segment is the caller's own (a writer committing what it PUT),
+--   "0" for a roll-forward of another writer's segment.
+-- Slot from+1 is *taken* when Redis's tail is past it, or when a manifest retired it
+-- (from+1 <= cseq). The caller's PUT of from+1 succeeded, so if the slot is taken, either the
+-- segment committed there is the caller's (a roll-forward by someone else: every id of the
+-- batch is indexed at from+1 with the same content) or the caller re-created a slot that
+-- compaction retired and GC deleted: a zombie, never to be acknowledged.
+-- Returns {'OK', from+1, pseg, pbytes, queued} | {'ALREADY', seq} (committed already: the
+--   caller's batch, for an own segment) | {'ZOMBIE', seq} (own segment in a taken slot) |
 --   {'BEHIND', seq} (Redis is behind the writer's view: rebuild) | {'HYDRATE'} | {'INCARNATION', inc}
 local s, err = state(KEYS[1], KEYS[2], ARGV[1])
 if not s then return err end
 local from = tonumber(ARGV[2])
-if s.seq > from then return {'ALREADY', s.seq} end
-if s.seq < from then return {'BEHIND', s.seq} end
 local n = tonumber(ARGV[4])
+if s.seq > from or from + 1 <= s.cseq then
+  if s.seq <= from then return {'HYDRATE'} end  -- the tail lags a manifest: rebuild, then decide
+  if ARGV[8 + 2 * n] ~= '1' then return {'ALREADY', s.seq} end
+  local i = 5
+  while i <= 4 + 2 * n do
+    local j = math.min(i + 999, 4 + 2 * n)
+    local ids = {}
+    for k = i, j, 2 do ids[#ids + 1] = ARGV[k] end
+    local got = redis.call('HMGET', KEYS[2], unpack(ids))
+    for k = 1, #ids do
+      if got[k] ~= ARGV[i + 2 * k - 1] then return {'ZOMBIE', s.seq} end
+    end
+    i = j + 1
+  end
+  return {'ALREADY', s.seq}
+end
+if s.seq < from then return {'BEHIND', s.seq} end
 local before = redis.call('HLEN', KEYS[2])
 hset_chunked(KEYS[2], ARGV, 5, 4 + 2 * n)
 local nids = redis.call('HLEN', KEYS[2])
@@ -152,17 +183,42 @@ return {'OK', from + 1, pseg, pbytes, queued}
 
 INSTALL = """
 -- INSTALL: replace a session's state with one rebuilt from the object store.
--- KEYS[1] tail, KEYS[2] ids, KEYS[3] the scratch hash holding the rebuilt ids
+-- KEYS[1] tail, KEYS[2] ids, KEYS[3] the scratch hash holding the rebuilt ids,
+-- KEYS[4] the session's deletion marker (see FORGET)
 -- ARGV[1] inc, ARGV[2] seq, ARGV[3] last, ARGV[4] count, ARGV[5] nids,
---   ARGV[6] pseg, ARGV[7] pbytes (segments and bytes after the latest manifest)
+--   ARGV[6] pseg, ARGV[7] pbytes (segments and bytes after the latest manifest),
+--   ARGV[8] cseq (through_seq of the manifest the rebuild read), ARGV[9] when the rebuild
+--   started reading (client clock, ms), ARGV[10] the oldest rebuild accepted (ms; 0 = any)
+-- A rebuild is a snapshot of the object store taken at ARGV[9]. One that reaches Redis too
+-- late (its process paused between reading and installing) may describe a session that
+-- compaction or a delete has since moved on from: it is refused (STALE) and done again.
+-- Measured on Redis's clock against a time taken *before* the reads, so a pause anywhere in
+-- between only makes the rebuild look older. GC deletes nothing until a grace period after
+-- the manifest that retired it, which must exceed ARGV[10] plus the clock skew.
 -- Keeps a current state instead (same incarnation, seq at least as far, index whole):
 -- a concurrent writer may have committed past what this rebuild saw.
--- Returns {'INSTALLED', seq} | {'KEPT', seq} | {'LOST'} (the scratch hash vanished, e.g. a
---   FLUSHALL while it was being filled: build it again)
-local t = redis.call('HMGET', KEYS[1], 'inc', 'seq', 'nids')
+-- Returns {'INSTALLED', seq} | {'KEPT', seq} | {'STALE'} | {'DELETED'} (a delete of this
+--   incarnation was recorded after the rebuild read its header) | {'LOST'} (the scratch hash
+--   vanished, e.g. a FLUSHALL while it was being filled: build it again)
+redis.replicate_commands()
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local max_age = tonumber(ARGV[10] or '0')
+if max_age > 0 and now_ms - tonumber(ARGV[9]) > max_age then
+  redis.call('DEL', KEYS[3])
+  return {'STALE'}
+end
+if KEYS[4] and redis.call('GET', KEYS[4]) == ARGV[1] then
+  redis.call('DEL', KEYS[3])
+  return {'DELETED'}
+end
+local t = redis.call('HMGET', KEYS[1], 'inc', 'seq', 'nids', 'cseq')
+local cseq = tonumber(ARGV[8] or '0')
+if t[1] == ARGV[1] and tonumber(t[4] or '0') > cseq then cseq = tonumber(t[4]) end
 if t[1] == ARGV[1] and tonumber(t[2]) >= tonumber(ARGV[2])
    and redis.call('HLEN', KEYS[2]) == tonumber(t[3]) then
   redis.call('DEL', KEYS[3])
+  redis.call('HSET', KEYS[1], 'cseq', cseq)
   return {'KEPT', tonumber(t[2])}
 end
 if redis.call('HLEN', KEYS[3]) ~= tonumber(ARGV[5]) then
@@ -176,15 +232,21 @@ else
 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'inc', ARGV[1], 'seq', ARGV[2], 'last', ARGV[3],
-           'count', ARGV[4], 'nids', ARGV[5], 'pseg', ARGV[6], 'pbytes', ARGV[7])
+           'count', ARGV[4], 'nids', ARGV[5], 'pseg', ARGV[6], 'pbytes', ARGV[7], 'cseq', cseq)
 return {'INSTALLED', tonumber(ARGV[2])}
 """
 
 FORGET = """
 -- FORGET: drop a session's state, but only the state of the given incarnation
 -- ("*" = whatever is there).
--- KEYS[1] tail, KEYS[2] ids, KEYS[3] job marker, KEYS[4] (optional) claim; ARGV[1] inc
+-- KEYS[1] tail, KEYS[2] ids, KEYS[3] job marker, KEYS[4] (optional) claim,
+-- KEYS[5] (optional) the deletion marker; ARGV[1] inc, ARGV[2] (optional) how long (ms) to
+--   keep the marker "incarnation ARGV[1] was deleted", which makes INSTALL refuse a rebuild
+--   of it that read the header before the delete (a rebuilder that paused).
 -- Returns 1 if dropped, 0 if the state belonged to another incarnation.
+if KEYS[5] and ARGV[1] ~= '*' and tonumber(ARGV[2] or '0') > 0 then
+  redis.call('SET', KEYS[5], ARGV[1], 'PX', tonumber(ARGV[2]))
+end
 local inc = redis.call('HGET', KEYS[1], 'inc')
 if ARGV[1] ~= '*' and inc and inc ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
@@ -194,14 +256,35 @@ return 1
 
 COMPACTED = """
 -- COMPACTED: a manifest now covers segments the counters still count as pending.
--- KEYS[1] tail; ARGV[1] inc, ARGV[2] segments merged, ARGV[3] bytes merged
+-- KEYS[1] tail; ARGV[1] inc, ARGV[2] segments merged, ARGV[3] bytes merged,
+--   ARGV[4] the manifest's through_seq (raises cseq: see RETIRED)
 -- Returns {pseg, pbytes} after the subtraction (never below zero), or {} for another
 -- incarnation or missing state (nothing to correct: a rebuild recounts from the manifest).
 local inc = redis.call('HGET', KEYS[1], 'inc')
 if inc ~= ARGV[1] then return {} end
+local through = tonumber(ARGV[4] or '0')
+if through > tonumber(redis.call('HGET', KEYS[1], 'cseq') or '0') then
+  redis.call('HSET', KEYS[1], 'cseq', through)
+end
 local pseg = redis.call('HINCRBY', KEYS[1], 'pseg', -tonumber(ARGV[2]))
 local pbytes = redis.call('HINCRBY', KEYS[1], 'pbytes', -tonumber(ARGV[3]))
 if pseg < 0 then pseg = 0; redis.call('HSET', KEYS[1], 'pseg', 0) end
 if pbytes < 0 then pbytes = 0; redis.call('HSET', KEYS[1], 'pbytes', 0) end
 return {pseg, pbytes}
+"""
+
+RETIRED = """
+-- RETIRED: segments 1..ARGV[2] of incarnation ARGV[1] are merged into a manifest and about
+-- to be deleted. Raises cseq (never lowers it), so that CHECK refuses to hand out, and COMMIT
+-- to acknowledge, any of those slots: a writer that paused between CHECK and PUT and then
+-- re-created a deleted slot is told ZOMBIE. GC runs it before every deletion of segments.
+-- KEYS[1] tail; ARGV[1] inc, ARGV[2] through_seq
+-- Returns 1 when recorded, 0 when there is no state of that incarnation (nothing to fence: a
+-- rebuild reads the manifest and starts from its through_seq).
+local inc = redis.call('HGET', KEYS[1], 'inc')
+if inc ~= ARGV[1] then return 0 end
+if tonumber(ARGV[2]) > tonumber(redis.call('HGET', KEYS[1], 'cseq') or '0') then
+  redis.call('HSET', KEYS[1], 'cseq', tonumber(ARGV[2]))
+end
+return 1
 """

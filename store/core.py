@@ -88,9 +88,11 @@ class Manifest:
     seq_counts: tuple[int, ...]
     bases: tuple[dict[str, Any], ...]
     raw: dict[str, Any]
+    #: When the object store created the manifest (its clock), if it says.
+    created_ms: int | None = None
 
     @classmethod
-    def from_json(cls, key: str, data: bytes) -> "Manifest":
+    def from_json(cls, key: str, data: bytes, created_ms: int | None = None) -> "Manifest":
         try:
             raw = orjson.loads(data)
             return cls(
@@ -99,6 +101,7 @@ class Manifest:
                 seq_counts=tuple(int(c) for c in raw["seq_counts"]),
                 bases=tuple(raw["bases"]),
                 raw=raw,
+                created_ms=created_ms,
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise CorruptObjectError(key, 0, f"invalid manifest: {exc}") from None
@@ -179,10 +182,27 @@ class SessionStore:
         self._pool = ThreadPoolExecutor(
             max_workers=self.options.read_concurrency, thread_name_prefix="sessionstore-read"
         )
-        if not self.options.allow_unsafe_backend:
-            self.options.retry.call(
-                lambda: objects.probe_conditional_writes(self.layout.probe_prefix)
-            )
+        self._probe_lock = threading.Lock()
+        self._probed = self.options.allow_unsafe_backend
+        try:
+            self._ensure_probed()
+        except BackendUnavailableError as exc:
+            # A passing outage must not make a process that starts during it unable to start:
+            # reads need no probe, and the first write runs it again (and fails if the
+            # backend is still away, exactly as the write itself would).
+            log.warning("object store unreachable at start (%s): its conditional-write check "
+                        "runs before the first write", exc)
+
+    def _ensure_probed(self) -> None:
+        """Refuse a backend that accepts a second If-None-Match create (once per store)."""
+        if self._probed:
+            return
+        with self._probe_lock:
+            if not self._probed:
+                self.options.retry.call(
+                    lambda: self.objects.probe_conditional_writes(self.layout.probe_prefix)
+                )
+                self._probed = True
 
     @classmethod
     def from_url(
@@ -238,6 +258,7 @@ class SessionStore:
         """Create a session; its header is written exactly once (``SessionExistsError``)."""
         sid = check_session_id(session_id if session_id is not None else uuid7())
         header = self._new_header(sid, cwd=cwd, pi_header=pi_header, fork=fork)
+        self._ensure_probed()
         key = self.layout.header(sid)
         data = orjson.dumps(header.to_json())
         nonce = header.incarnation
@@ -339,6 +360,7 @@ class SessionStore:
         return self._append(sid, batch, expected_tail_entry_id)
 
     def _append(self, sid: str, batch: PreparedBatch, expected: str | None) -> AppendResult:
+        self._ensure_probed()
         header = self._header(sid)
         nonce = uuid.uuid4().hex
         metadata = {
@@ -396,9 +418,13 @@ class SessionStore:
             outcome = self._put_segment(key, batch.body, metadata, nonce)
             if outcome == "ours":
                 self._fault("append.after_put", session_id=sid, seq=n + 1)
-                self._commit_after_put(sid, header, n, batch)
-                self._fault("append.after_commit", session_id=sid, seq=n + 1)
-                return AppendResult(sid, n + 1, batch.last_id, len(batch.ids))
+                if self._commit_after_put(sid, header, n, batch, key):
+                    self._fault("append.after_commit", session_id=sid, seq=n + 1)
+                    return AppendResult(sid, n + 1, batch.last_id, len(batch.ids))
+                # A zombie: this writer re-created a slot that compaction had retired (it
+                # paused between CHECK and PUT for longer than the grace period). The object
+                # is gone again; CHECK decides anew (a duplicate, a conflict, a new slot).
+                continue
             if outcome == "gone":
                 # Taken and then retired by compaction: Redis is far behind. Rebuild.
                 self.coord.forget(sid, header.incarnation)
@@ -414,13 +440,41 @@ class SessionStore:
     def _put_once(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
         """put_if_absent with retries, for objects whose nonce is checked by the caller."""
         nonce = metadata[_NONCE_KEY]
+        attempts = 0
+
+        def put() -> None:
+            nonlocal attempts
+            attempts += 1
+            self.objects.put_if_absent(key, data, metadata)
+
         try:
-            self.options.retry.call(lambda: self.objects.put_if_absent(key, data, metadata))
+            self.options.retry.call(put)
         except ObjectExistsError:
-            obj = self.options.retry.call(lambda: self.objects.get(key))
+            if attempts == 1:
+                raise  # taken before our first (and only) attempt: not ours
+            obj = self._get_after_resend(key)
             if obj.metadata.get(_NONCE_KEY) == nonce:
                 return
             raise
+        except BackendUnavailableError as exc:
+            raise IndeterminateError(
+                f"{key!r}: the create failed and may still have landed ({exc}); "
+                "get_header() tells whether the session exists"
+            ) from exc
+
+    def _get_after_resend(self, key: str) -> Any:
+        """GET an object that a re-sent create of ours met. If the GET fails, whether our
+        earlier attempt landed stays unknown: that is IndeterminateError, never "not
+        written" (docs/reliability.md, G7)."""
+        try:
+            return self.options.retry.call(lambda: self.objects.get(key))
+        except ObjectNotFoundError:
+            raise
+        except BackendError as exc:
+            raise IndeterminateError(
+                f"{key!r}: a re-sent create met an object that could not be read ({exc}); "
+                "re-sending the same batch is safe"
+            ) from exc
 
     def _put_segment(
         self, key: str, body: bytes, metadata: dict[str, str], nonce: str
@@ -453,8 +507,14 @@ class SessionStore:
                     f"segment {key!r}: outcome unknown ({exc}); re-sending the same batch is safe"
                 ) from exc
             return "ours" if obj.metadata.get(_NONCE_KEY) == nonce else obj
+        self._fault("append.slot_taken", key=key, attempts=attempts)
         try:
-            obj = self.options.retry.call(lambda: self.objects.get(key))
+            if attempts > 1:
+                obj = self._get_after_resend(key)
+            else:
+                # Taken before our only attempt: certainly another writer's. A failure to
+                # read it is a plain error: nothing of ours was written.
+                obj = self.options.retry.call(lambda: self.objects.get(key))
         except ObjectNotFoundError:
             return "gone"
         if obj.metadata.get(_NONCE_KEY) == nonce:
@@ -476,30 +536,120 @@ class SessionStore:
                 self._index_touched.clear()
         return True
 
-    def _commit_after_put(self, sid: str, header: Header, n: int, batch: PreparedBatch) -> None:
+    def _commit_after_put(
+        self, sid: str, header: Header, n: int, batch: PreparedBatch, key: str
+    ) -> bool:
+        """COMMIT our segment n+1 and decide whether it is live.
+
+        True: acknowledge (the segment is the one at slot n+1, or our batch was committed
+        there by a roll-forward). False: the segment was a zombie in a retired slot; it has
+        been deleted and the caller goes back to CHECK. ``SessionNotFoundError``: the
+        incarnation ended (a delete) before our PUT; the object has been deleted.
+        ``IndeterminateError``: neither Redis nor the object store could say.
+
+        The slot is live exactly when no manifest retired it and its incarnation was not
+        deleted. Redis answers that on the hot path (COMMIT's cseq and incarnation checks,
+        see coordination/scripts.py); when Redis cannot, the object store does.
+        """
+        for _ in range(3):
+            try:
+                res = self.coord.commit(
+                    sid,
+                    header.incarnation,
+                    n,
+                    batch.ids,
+                    batch.hashes,
+                    size=len(batch.body),
+                    touch_index=self._index_due(sid),
+                    own=True,
+                )
+            except BackendError as exc:
+                log.warning(
+                    "segment %d of %s: Redis unavailable at commit (%s); checking the object "
+                    "store instead", n + 1, sid, exc,
+                )
+                return self._live_by_objects(sid, header, n + 1, batch, key)
+            if res.code == "OK":
+                self._after_commit(sid, header, n + 1, res)
+                return True
+            if res.code == "ALREADY":
+                return True
+            if res.code == "ZOMBIE":
+                self._discard_zombie(key, sid, n + 1, "its slot was retired by compaction")
+                return False
+            if res.code == "INCARNATION":
+                try:
+                    fresh = self._read_header(sid)
+                except SessionNotFoundError:
+                    self._discard_zombie(key, sid, n + 1, "the session was deleted")
+                    raise
+                if fresh.incarnation != header.incarnation:
+                    self._discard_zombie(key, sid, n + 1, "the session was deleted and created again")
+                    raise SessionNotFoundError(sid)
+            # HYDRATE, BEHIND, or a stale incarnation in Redis: rebuild from the object store
+            # (which now holds our segment, unless it is a zombie) and ask again.
+            try:
+                self._repair_state(sid, header, "HYDRATE")
+            except SessionNotFoundError:
+                self._discard_zombie(key, sid, n + 1, "the session was deleted")
+                raise
+            except BackendError as exc:
+                log.warning("segment %d of %s: rebuild failed (%s); checking the object store",
+                            n + 1, sid, exc)
+                return self._live_by_objects(sid, header, n + 1, batch, key)
+        return self._live_by_objects(sid, header, n + 1, batch, key)
+
+    def _live_by_objects(
+        self, sid: str, header: Header, seq: int, batch: PreparedBatch, key: str
+    ) -> bool:
+        """Is our segment ``seq`` live? Answered by the object store alone (Redis is down).
+
+        Live when the header still names our incarnation and no manifest covers ``seq``:
+        slots above the latest manifest are never deleted, so the object there is ours and
+        any later manifest merges it. If a manifest covers ``seq``, our batch must be in
+        the session at ``seq`` (a roll-forward merged it) or our object is a zombie.
+        """
         try:
-            res = self.coord.commit(
-                sid,
-                header.incarnation,
-                n,
-                batch.ids,
-                batch.hashes,
-                size=len(batch.body),
-                touch_index=self._index_due(sid),
-            )
-            if res.code in ("HYDRATE", "BEHIND", "INCARNATION"):
-                # Redis lost or changed the state since CHECK. The segment is durable; the
-                # rebuild reads it from the object store.
-                self._repair_state(sid, header, "HYDRATE" if res.code != "INCARNATION" else res.code)
-            self._after_commit(sid, header, n + 1, res)
+            fresh = self._read_header(sid)
+            if fresh.incarnation != header.incarnation:
+                self._discard_zombie(key, sid, seq, "the session was deleted and created again")
+                raise SessionNotFoundError(sid)
+            manifest = self._latest_manifest(sid, header.incarnation)
+            if manifest is None or manifest.through_seq < seq:
+                return True
+            data = self._read(sid, header, use_hint=False)
+        except SessionNotFoundError:
+            self._discard_zombie(key, sid, seq, "the session was deleted")
+            raise
         except BackendError as exc:
-            log.warning(
-                "segment %d of %s is durable but Redis was not told (%s); the next writer "
-                "or reader rolls it forward",
-                n + 1,
-                sid,
-                exc,
-            )
+            raise IndeterminateError(
+                f"segment {key!r} was written but neither Redis nor the object store could "
+                f"confirm it is live ({exc}); re-sending the same batch is safe"
+            ) from exc
+        mine = {eid: h for eid, h in zip(batch.ids, batch.hashes)}
+        found = 0
+        for entry, s in zip(data.entries, data.seqs):
+            eid = str(entry["id"])
+            if eid in mine:
+                if s != seq or entry_hash(entry) != mine[eid]:
+                    break
+                found += 1
+        if found == len(mine):
+            return True
+        self._discard_zombie(key, sid, seq, "its slot was retired by compaction")
+        return False
+
+    def _discard_zombie(self, key: str, sid: str, seq: int, why: str) -> None:
+        """Delete a segment we created in a slot nobody reads. Only a zombie ever reaches
+        here: a retired slot (<= a manifest's through_seq) or an ended incarnation, where no
+        reader, writer or compactor looks, so deleting by key is safe even if another zombie
+        wrote it. Best effort: GC removes what stays."""
+        log.warning("segment %d of %s was not acknowledged: %s; deleting it", seq, sid, why)
+        self._fault("append.zombie", session_id=sid, seq=seq, key=key)
+        try:
+            self.options.retry.call(lambda: self.objects.delete(key))
+        except BackendError as exc:
+            log.warning("zombie segment %s left for GC (%s)", key, exc)
 
     def _after_commit(self, sid: str, header: Header, seq: int, res: CommitResult) -> None:
         # Separate commands: the job queue and the index live in other hash slots.
@@ -524,7 +674,7 @@ class SessionStore:
         ids = [str(e["id"]) for e in entries]
         hashes = [entry_hash(e) for e in entries]
         res = self.coord.commit(sid, header.incarnation, n, ids, hashes, size=len(obj.data))
-        if res.code in ("HYDRATE", "BEHIND", "INCARNATION"):
+        if res.code in ("HYDRATE", "BEHIND", "INCARNATION", "ZOMBIE"):
             self._repair_state(sid, header, "HYDRATE" if res.code != "INCARNATION" else res.code)
 
     def _roll_forward_probe(self, sid: str, header: Header, seq: int) -> bool:
@@ -556,23 +706,49 @@ class SessionStore:
         return header
 
     def hydrate(self, sid: str, header: Header | None = None) -> TailState | None:
-        header = header or self._read_header(sid)
-        data = self._read(sid, header, use_hint=False)
-        ids: list[tuple[str, int, str]] = [(str(e["id"]), 0, entry_hash(e)) for e in data.inherited]
-        ids.extend(
-            (str(e["id"]), s, entry_hash(e)) for e, s in zip(data.entries, data.seqs)
+        """Rebuild the session's Redis state from the object store.
+
+        The rebuild is a snapshot taken when its first read started; Redis refuses one that
+        arrives later than ``rebuild_max_age_ms`` after that (this process paused), and one
+        of an incarnation that a delete ended meanwhile (see coordination/scripts.INSTALL).
+        A refused rebuild is done again from fresh reads.
+        """
+        for _ in range(3):
+            read_at = _now_ms()
+            header = header or self._read_header(sid)
+            data = self._read(sid, header, use_hint=False)
+            ids: list[tuple[str, int, str]] = [
+                (str(e["id"]), 0, entry_hash(e)) for e in data.inherited
+            ]
+            ids.extend((str(e["id"]), s, entry_hash(e)) for e, s in zip(data.entries, data.seqs))
+            through = data.manifest.through_seq if data.manifest else 0
+            code = self.coord.install(
+                sid,
+                header.incarnation,
+                seq=data.seq,
+                last=data.last_entry_id,
+                count=len(data.inherited) + len(data.entries),
+                ids=ids,
+                pending_segments=data.seq - through,
+                pending_bytes=data.tail_bytes,
+                cseq=through,
+                read_at_ms=read_at,
+                max_age_ms=self.options.rebuild_max_age_ms,
+            )
+            if code == "DELETED":
+                with self._headers_lock:
+                    self._headers.pop(sid, None)
+                header = None  # the next round re-reads it: SessionNotFoundError, or a new life
+                continue
+            if code != "STALE":
+                return self.coord.tail(sid)
+            log.warning("rebuild of %s took longer than %d ms: done again", sid,
+                        self.options.rebuild_max_age_ms)
+            header = None
+        raise BackendUnavailableError(
+            f"session {sid!r}: every rebuild of its Redis state took longer than "
+            f"{self.options.rebuild_max_age_ms} ms (or met a delete); try again"
         )
-        self.coord.install(
-            sid,
-            header.incarnation,
-            seq=data.seq,
-            last=data.last_entry_id,
-            count=len(data.inherited) + len(data.entries),
-            ids=ids,
-            pending_segments=data.seq - (data.manifest.through_seq if data.manifest else 0),
-            pending_bytes=data.tail_bytes,
-        )
-        return self.coord.tail(sid)
 
     # --- read --------------------------------------------------------------------------------
 
@@ -617,7 +793,7 @@ class SessionStore:
         if state is None:
             return self._tail_from_objects(sid, header)
         key = self.layout.segment(sid, header.incarnation, state.seq + 1)
-        if self.objects.head(key) is not None:
+        if self.options.retry.call(lambda: self.objects.head(key)) is not None:
             self._roll_forward_probe(sid, header, state.seq)
             state = self._tail_state(sid, header)
             if state is None:
@@ -664,7 +840,7 @@ class SessionStore:
             obj = self.options.retry.call(lambda: self.objects.get(key))
         except ObjectNotFoundError:
             return self._latest_manifest(sid, inc)
-        return Manifest.from_json(key, obj.data)
+        return Manifest.from_json(key, obj.data, obj.last_modified_ms)
 
     def _read(
         self, sid: str, header: Header, *, use_hint: bool, state: TailState | None = None
@@ -702,6 +878,7 @@ class SessionStore:
     ) -> SessionData:
         inc = header.incarnation
         manifest = self._latest_manifest(sid, inc)
+        self._fault("read.after_manifest", session_id=sid)
         first = manifest.through_seq + 1 if manifest else 1
         hint = -1
         if use_hint:
@@ -733,8 +910,6 @@ class SessionStore:
         # manifest exists (see below).
         last_known = known[-1] if known else first - 1
         probe_future = self._pool.submit(self._get_segment, sid, inc, last_known + 1, header.schema)
-        newer = self.layout.manifest(sid, inc, (manifest.generation if manifest else 0) + 1)
-        newer_future = self._pool.submit(lambda: self.options.retry.call(lambda: self.objects.head(newer)))
         entries: list[dict[str, Any]] = []
         seqs: list[int] = []
         if manifest is not None:
@@ -769,16 +944,28 @@ class SessionStore:
             seq += 1
             got = self._get_segment(sid, inc, seq + 1, header.schema)
         # The 404 that ended the probe (or a listing that came back short) may also be a
-        # segment a newer manifest retired and GC deleted: a reader slower than the grace
-        # period would return a truncated session. A newer manifest means start over. The
-        # check ran alongside the probe, which is as good as after it: GC deletes nothing
-        # until a grace period after the manifest that retired it, so a manifest absent when
-        # the check ran cannot have caused a deletion the probe saw (unless the probe itself
-        # took longer than the grace period).
-        if newer_future.result() is not None:
+        # segment that a newer manifest retired and GC deleted: a reader that paused for
+        # longer than the grace period would return a truncated session. So, *after* that
+        # 404: is our manifest still the newest? Slots after the newest manifest are never
+        # deleted, so if it is, the 404 was the true end. The newest manifest is never
+        # deleted either, so any newer one than ours is still listed, however long we
+        # paused (a HEAD of generation g+1 alone would miss a g+1 that GC already removed
+        # behind a g+2). Manifests that a paused compactor re-creates below the newest one
+        # are never newer than it. One LIST, after the probe: never overlapped with it.
+        self._fault("read.before_manifest_check", session_id=sid)
+        if self._newer_manifest_exists(sid, inc, manifest):
             raise _SegmentRetired()
         _check_unique_ids(sid, inherited, entries)
         return SessionData(header, inherited, entries, seqs, seq, manifest, tail_bytes)
+
+    def _newer_manifest_exists(self, sid: str, inc: str, manifest: Manifest | None) -> bool:
+        prefix = self.layout.manifest_prefix(sid, inc)
+        after = self.layout.manifest(sid, inc, manifest.generation) if manifest else None
+
+        def newest() -> bool:
+            return any(i.key.endswith(".json") for i in self.objects.list(prefix, after))
+
+        return self.options.retry.call(newest)
 
     def _get_segment(
         self, sid: str, inc: str, seq: int, schema: int = CURRENT_SCHEMA
@@ -786,6 +973,7 @@ class SessionStore:
         """A segment's entries lifted to the current schema (``schema``: the header's, for
         segments whose metadata does not say), and its size; None if it does not exist."""
         key = self.layout.segment(sid, inc, seq)
+        self._fault("read.segment", session_id=sid, seq=seq)
         try:
             obj = self.options.retry.call(lambda: self.objects.get(key))
         except ObjectNotFoundError:
@@ -870,12 +1058,20 @@ class SessionStore:
         self.options.retry.call(lambda: self.objects.delete(self.layout.header(sid)))
         with self._headers_lock:
             self._headers.pop(sid, None)
+        self._fault("delete.after_header", session_id=sid)
         try:
-            self.coord.forget(sid, header.incarnation)
+            # Drop the state and remember the ended incarnation long enough that no rebuild
+            # which read the header before this delete can be installed (scripts.INSTALL): a
+            # writer that passed CHECK before the delete is then told INCARNATION/HYDRATE at
+            # its COMMIT and never acknowledged for a segment in the ended incarnation.
+            self.coord.forget(
+                sid, header.incarnation, deleted_for_ms=2 * self.options.rebuild_max_age_ms
+            )
             self.coord.drop_session_from_index(sid)
         except BackendError as exc:
-            log.warning("Redis state of deleted session %s not dropped (%s): the next "
-                        "incarnation replaces it", sid, exc)
+            log.warning("Redis state of deleted session %s not dropped (%s): writers that "
+                        "passed their check before the delete verify against the object "
+                        "store, and the next incarnation replaces the state", sid, exc)
         prefix = self.layout.session_prefix(sid)
         keys = [i.key for i in self.objects.list(prefix) if i.key != self.layout.header(sid)]
         if keys:

@@ -65,6 +65,10 @@ class StoredObject:
     key: str
     data: bytes
     metadata: Mapping[str, str] = field(default_factory=dict)
+    #: When the backend created the object, by the backend's clock (S3 ``Last-Modified``, the
+    #: file's mtime), or None if it cannot say. GC trusts this over times written inside an
+    #: object by a process that may have paused before creating it.
+    last_modified_ms: int | None = field(default=None, compare=False)
 
 
 class ObjectStore(ABC):
@@ -159,7 +163,9 @@ class MemoryObjectStore(ObjectStore):
         with self._lock:
             if key in self._objects:
                 raise ObjectExistsError(key)
-            self._objects[key] = StoredObject(key, bytes(data), dict(metadata or {}))
+            self._objects[key] = StoredObject(
+                key, bytes(data), dict(metadata or {}), int(time.time() * 1000)
+            )
 
     def get(self, key: str) -> StoredObject:
         self._count("get")
@@ -269,11 +275,13 @@ class FileObjectStore(ObjectStore):
         try:
             with open(path, "rb") as fh:
                 raw = fh.read()
+                mtime_ns = os.fstat(fh.fileno()).st_mtime_ns
         except FileNotFoundError:
             raise ObjectNotFoundError(key) from None
         except OSError as exc:
             raise _os_error(exc, key) from exc
-        return _unwrap(key, raw)
+        obj = _unwrap(key, raw)
+        return StoredObject(obj.key, obj.data, obj.metadata, mtime_ns // 1_000_000)
 
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
@@ -484,7 +492,13 @@ class S3ObjectStore(ObjectStore):
             data = resp["Body"].read()
         except Exception as exc:
             raise _s3_error(exc, key) from exc
-        return StoredObject(key, data, resp.get("Metadata") or {})
+        modified = resp.get("LastModified")
+        return StoredObject(
+            key,
+            data,
+            resp.get("Metadata") or {},
+            int(modified.timestamp() * 1000) if modified is not None else None,
+        )
 
     def head(self, key: str) -> ObjectInfo | None:
         self._count("head")

@@ -128,5 +128,10 @@ class StoreOptions:
     #: Skip the start-up check that the backend refuses a second create (unsafe).
     allow_unsafe_backend: bool = False
     redis_socket_timeout: float = 2.0
+    #: A rebuild of a session's Redis state from the object store is installed only if it
+    #: reaches Redis within this long (by Redis's clock) of its first read; an older one (its
+    #: process paused in between) is refused and done again. The compactor's grace period
+    #: must exceed this plus the clock skew between machines (docs/design.md, "Pauses").
+    rebuild_max_age_ms: int = 60_000
     #: Called at named points of the protocols (tests inject crashes and faults here).
     fault_hook: FaultHook | None = field(default=None, compare=False)

@@ -20,7 +20,17 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    attempts: int = 6
+    """Attempts OR elapsed time, with full-jitter exponential waits.
+
+    The default budget is chosen to ride out what a healthy deployment does to its clients:
+    a Redis restart with its append-only file (about a second), a failover (seconds), an S3
+    503 SlowDown burst. Ten attempts wait about 4.6 s in all on average (0.05 s doubling,
+    capped at 2 s, jittered), never more than 20 s; an outage longer than that reaches the
+    caller as ``BackendUnavailableError`` (before a segment PUT: nothing was written) or
+    ``IndeterminateError`` (after it: re-send the batch).
+    """
+
+    attempts: int = 10
     max_elapsed: float = 20.0
     initial_wait: float = 0.05
     max_wait: float = 2.0
