@@ -7,12 +7,21 @@ parses them in one call. Bytes without a matching checksum (an object put by han
 one) go through the strict decoder, which refuses, with the key and line number, anything the
 store could not have written: truncated lines, invalid UTF-8, a BOM, NUL, duplicate keys,
 non-canonical JSON.
+
+Strings may hold lone UTF-16 surrogates (JavaScript writes ``"\\ud83d"`` when a tool's output is
+cut inside an emoji, and pi reads it back). orjson refuses them both ways, so
+:func:`encode_json` writes them as ``JSON.stringify`` does (lowercase ``\\udXXX`` escapes) and
+the decoders read such lines with the standard library's parser: orjson stays on the path
+of every other entry, and a line holding an escape is still refused if its bytes are not
+valid UTF-8 or not exactly what :func:`encode_json` writes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -28,9 +37,124 @@ DEFAULT_MAX_BATCH_ENTRIES = 10_000
 
 def entry_hash(entry: dict[str, Any]) -> str:
     """Content hash used for idempotency: independent of key order."""
-    return hashlib.blake2b(
-        orjson.dumps(entry, option=orjson.OPT_SORT_KEYS), digest_size=12
-    ).hexdigest()
+    return hashlib.blake2b(encode_json(entry, sort_keys=True), digest_size=12).hexdigest()
+
+
+# --- JSON with lone surrogates -------------------------------------------------------------------
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# A high surrogate followed by a low one: one character to JavaScript, two code points here.
+_SPLIT_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+
+
+def encode_json(value: Any, *, sort_keys: bool = False) -> bytes:
+    """``orjson.dumps(value)``, also for strings (and keys) holding lone UTF-16 surrogates.
+
+    Those are written as ``JSON.stringify`` writes them, ``\\ud83d`` (lowercase hex); all
+    else is orjson's output, which matches ``JSON.stringify`` for strings. Only values orjson
+    refuses are looked at again, so the cost falls on them alone. Raises
+    ``orjson.JSONEncodeError`` (a ``TypeError``) where orjson does, and for a string holding a
+    surrogate pair as two code points (``"\\ud83d\\ude00"`` in Python source): every JSON
+    parser reads its escapes back as the one character, so it could not be read back as itself.
+    """
+    option = orjson.OPT_SORT_KEYS if sort_keys else None
+    try:
+        return orjson.dumps(value, option=option)
+    except orjson.JSONEncodeError:
+        if not _holds_surrogates(value):
+            raise
+    try:
+        return orjson.dumps(_escape_surrogates(value, option), option=option)
+    except RecursionError:
+        raise orjson.JSONEncodeError("nested too deeply to encode") from None
+
+
+def _holds_surrogates(root: Any) -> bool:
+    stack = [root]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return True
+        elif isinstance(value, dict):
+            if any(isinstance(k, str) and _SURROGATE.search(k) for k in value):
+                return True
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return False
+
+
+def _escape_surrogates(value: Any, option: int | None) -> Any:
+    """``value`` with every string holding a surrogate as a pre-encoded fragment (and every
+    object with such a key as one). Recursive: only reached for values orjson refused, which
+    nest no deeper than orjson writes (254 levels)."""
+    if isinstance(value, str):
+        return orjson.Fragment(_quote(value)) if _SURROGATE.search(value) else value
+    if isinstance(value, dict):
+        if not any(isinstance(k, str) and _SURROGATE.search(k) for k in value):
+            return {k: _escape_surrogates(v, option) for k, v in value.items()}
+        items = list(value.items())
+        if any(not isinstance(k, str) for k, _ in items):
+            raise orjson.JSONEncodeError("dict key must be str")
+        if option is not None and option & orjson.OPT_SORT_KEYS:
+            items.sort(key=lambda item: item[0].encode("utf-8", "surrogatepass"))
+        members = [
+            _quote(k) + b":" + orjson.dumps(_escape_surrogates(v, option), option=option)
+            for k, v in items
+        ]
+        return orjson.Fragment(b"{" + b",".join(members) + b"}")
+    if isinstance(value, (list, tuple)):
+        return [_escape_surrogates(v, option) for v in value]
+    return value
+
+
+def _quote(text: str) -> bytes:
+    """The JSON string ``JSON.stringify`` writes for ``text`` (lone surrogates escaped)."""
+    if _SPLIT_PAIR.search(text):
+        raise orjson.JSONEncodeError(
+            "str holds a surrogate pair as two code points: pass the character itself"
+        )
+    out = [b'"']
+    start = 0
+    for match in _SURROGATE.finditer(text):
+        if match.start() > start:
+            out.append(orjson.dumps(text[start : match.start()])[1:-1])
+        out.append(b"\\u%04x" % ord(match.group()))
+        start = match.end()
+    if start < len(text):
+        out.append(orjson.dumps(text[start:])[1:-1])
+    out.append(b'"')
+    return b"".join(out)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_ESCAPE_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def decode_json(data: bytes) -> Any:
+    """``orjson.loads(data)``, also for JSON text whose strings hold lone surrogate escapes
+    (what :func:`encode_json` writes). Raises ``ValueError`` (``orjson.JSONDecodeError`` is
+    one) for bytes that are not UTF-8 (raw surrogates included) or not JSON."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        try:
+            return _loads_escaped(data)
+        except ValueError:
+            raise exc from None
+
+
+def _loads_escaped(line: bytes) -> Any:
+    """A line orjson refused, parsed by the standard library, which reads lone surrogate
+    escapes. Raises ``ValueError`` for bytes that are not UTF-8 and for what is not JSON."""
+    try:
+        return _ESCAPE_DECODER.decode(line.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +247,8 @@ def prepare_batch(
         validate_entry(entry, i)
         _check_finite(entry, i, eid)
         try:
-            line = orjson.dumps(entry)
-        except (orjson.JSONEncodeError, TypeError) as exc:
+            line = encode_json(entry)
+        except orjson.JSONEncodeError as exc:  # a TypeError
             raise InvalidEntryError(f"not serialisable as JSON: {exc}", index=i, entry_id=eid) from None
         size += len(line) + 1
         if size > max_bytes:
@@ -164,13 +288,23 @@ def decode_segment(key: str, data: bytes, checksum: str | None = None) -> list[d
         # left (per line: measured faster than one parse of the whole object as an array,
         # which needs three copies of it).
         loads = orjson.loads
+        lines = data[:-1].split(b"\n")
         try:
-            values = [loads(line) for line in data[:-1].split(b"\n")]
+            values = [loads(line) for line in lines]
         except orjson.JSONDecodeError:
-            values = []
+            values = _loads_lines_escaped(lines)
         if values and all(type(v) is dict for v in values):
             return values
     return _decode_strict(key, data, checksum)
+
+
+def _loads_lines_escaped(lines: list[bytes]) -> list[Any]:
+    """The verified lines again, one at a time (:func:`decode_json`: those with lone
+    surrogate escapes too); ``[]`` if one is not JSON even so."""
+    try:
+        return [decode_json(line) for line in lines]
+    except ValueError:
+        return []
 
 
 def _decode_strict(key: str, data: bytes, checksum: str | None) -> list[dict[str, Any]]:
@@ -184,14 +318,18 @@ def _decode_strict(key: str, data: bytes, checksum: str | None) -> list[dict[str
         if b"\x00" in line:
             raise CorruptObjectError(key, lineno, "NUL byte")
         try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
+            value = decode_json(line)
+        except ValueError as exc:
             raise CorruptObjectError(key, lineno, f"invalid JSON: {exc}") from None
         if type(value) is not dict:
             raise CorruptObjectError(key, lineno, "not a JSON object")
         # A line the store wrote re-encodes to the same bytes. Anything else (duplicate keys,
-        # whitespace, escapes orjson would not write) was not written by the store.
-        if orjson.dumps(value) != line:
+        # whitespace, escapes the store would not write) was not written by the store.
+        try:
+            canonical = encode_json(value) == line
+        except orjson.JSONEncodeError:
+            canonical = False
+        if not canonical:
             reason = "duplicate keys" if _has_duplicate_keys(line) else "not in canonical form"
             raise CorruptObjectError(key, lineno, reason)
         eid = value.get("id")
@@ -208,8 +346,6 @@ def _decode_strict(key: str, data: bytes, checksum: str | None) -> list[dict[str
 
 
 def _has_duplicate_keys(line: bytes) -> bool:
-    import json
-
     dup = False
 
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -227,4 +363,4 @@ def _has_duplicate_keys(line: bytes) -> bool:
 
 
 def encode_entries(entries: Iterable[dict[str, Any]]) -> bytes:
-    return b"".join(orjson.dumps(e) + b"\n" for e in entries)
+    return b"".join(encode_json(e) + b"\n" for e in entries)

@@ -1,7 +1,7 @@
 """pi session files (JSONL, format v3) in and out.
 
 Reading follows ``SessionManager.open()`` of ``@mariozechner/pi-coding-agent`` 0.73.1 (see
-``shared/fixtures/pi/SPEC.md`` §1-§3): blank and unparseable lines are skipped, the first
+``tests/fixtures/pi/SPEC.md`` §1-§3): blank and unparseable lines are skipped, the first
 parsed value must be a session header with a string id, later ``type:"session"`` lines are
 dropped, and v1/v2 files are migrated to v3 exactly as pi migrates them, with one deliberate
 change: ids that the v1 migration has to mint are deterministic (see :func:`mint_id`), so that
@@ -43,6 +43,7 @@ from typing import IO, Any, Final, Self, cast, overload
 
 import orjson
 
+from store.entries import encode_json
 from store.errors import InvalidEntryError, InvalidInputError
 from store.session import (
     JS_WHITESPACE,
@@ -81,7 +82,9 @@ _READ_CHUNK: Final = 1 << 20
 
 # JS JSON.stringify and orjson agree on every string escape (short escapes for \b \t \n \f \r,
 # lowercase \u00XX for other C0 controls, DEL and U+2028/U+2029 raw, no "/" escape, raw
-# non-ASCII); tests/test_pi_fixtures.py checks this. They differ only in number formatting.
+# non-ASCII); tests/test_pi_fixtures.py checks this. orjson refuses lone surrogates, which
+# store.entries.encode_json writes as JSON.stringify does (\ud83d); otherwise the two differ
+# only in number formatting.
 
 
 # --- JavaScript numbers ------------------------------------------------------------------------
@@ -89,7 +92,7 @@ _READ_CHUNK: Final = 1 << 20
 
 class _Unholdable(ValueError):
     """A value JSON.parse accepts but the store refuses: a number JavaScript holds as Infinity
-    (``1e400``) or a string with a lone surrogate (``"\\ud800"``)."""
+    (``1e400``)."""
 
 
 def js_number_to_string(value: float) -> str:
@@ -180,17 +183,27 @@ def _js_key_order(obj: dict[str, Any]) -> list[str] | None:
     return None if order == list(obj) else order
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+# A high surrogate followed by a low one: one character to JavaScript, two code points here.
+_SPLIT_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 
 
-def _normalize_in_place(root: Any, *, check_surrogates: bool = False) -> Any:
+def _join_pairs(text: str) -> str:
+    """``text`` as JavaScript holds it: a surrogate pair given as two code points is the one
+    character (lone surrogates stay, as JS strings keep them)."""
+    if not _SPLIT_PAIR.search(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+
+
+def _normalize_in_place(root: Any, *, strings: bool = False) -> Any:
     """Make a freshly parsed value hold what JSON.parse would hold. Mutates containers.
 
-    Iterative, so that nesting depth is no problem. ``check_surrogates`` refuses lone
-    surrogates (only the slow parser can produce them).
+    Iterative, so that nesting depth is no problem. ``strings`` also joins surrogate pairs
+    given as two code points (:func:`_join_pairs`): only Python values and the slow parser
+    reading ``str`` input can hold them, never orjson's output.
     """
     if type(root) is not dict and type(root) is not list:
-        return _normalize_scalar(root, check_surrogates)
+        return _normalize_scalar(root, strings)
     stack: list[Any] = [root]
     pop = stack.pop
     push = stack.append
@@ -204,8 +217,8 @@ def _normalize_in_place(root: Any, *, check_surrogates: bool = False) -> Any:
                     digit_key = True
                 kind = type(value)
                 if kind is str:
-                    if check_surrogates and _SURROGATE.search(value):
-                        raise _Unholdable("lone surrogate in a string")
+                    if strings:
+                        container[key] = _join_pairs(value)
                 elif kind is dict or kind is list:
                     push(value)
                 elif kind is int:
@@ -213,8 +226,12 @@ def _normalize_in_place(root: Any, *, check_surrogates: bool = False) -> Any:
                         container[key] = _canonical_int(value)
                 elif kind is float:
                     container[key] = _canonical_float(value)
-            if check_surrogates and any(_SURROGATE.search(k) for k in container):
-                raise _Unholdable("lone surrogate in a key")
+            if strings and any(_SPLIT_PAIR.search(k) for k in container):
+                # Keys are rewritten in place: one joined key could now equal another, and
+                # then the later value wins, as JSON.parse keeps the later duplicate.
+                items = [(_join_pairs(k), v) for k, v in container.items()]
+                container.clear()
+                container.update(items)
             order = _js_key_order(container) if digit_key else None
             if order is not None:
                 items = [(k, container[k]) for k in order]
@@ -224,8 +241,8 @@ def _normalize_in_place(root: Any, *, check_surrogates: bool = False) -> Any:
             for position, value in enumerate(container):
                 kind = type(value)
                 if kind is str:
-                    if check_surrogates and _SURROGATE.search(value):
-                        raise _Unholdable("lone surrogate in a string")
+                    if strings:
+                        container[position] = _join_pairs(value)
                 elif kind is dict or kind is list:
                     push(value)
                 elif kind is int:
@@ -236,24 +253,26 @@ def _normalize_in_place(root: Any, *, check_surrogates: bool = False) -> Any:
     return root
 
 
-def _normalize_scalar(value: Any, check_surrogates: bool) -> Any:
+def _normalize_scalar(value: Any, strings: bool) -> Any:
     kind = type(value)
     if kind is int and not -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
         return _canonical_int(value)
     if kind is float:
         return _canonical_float(value)
-    if kind is str and check_surrogates and _SURROGATE.search(value):
-        raise _Unholdable("lone surrogate in a string")
+    if kind is str and strings:
+        return _join_pairs(value)
     return value
 
 
 def normalize_js_value(value: Any) -> Any:
     """A deep copy of a JSON-like value holding what ``JSON.parse(JSON.stringify(value))`` holds.
 
-    Raises :class:`InvalidEntryError` for NaN, infinities, lone surrogates and non-JSON types.
+    Lone surrogates are kept (JS strings hold them); a surrogate pair given as two code points
+    becomes the one character. Raises :class:`InvalidEntryError` for NaN, infinities and
+    non-JSON types.
     """
     try:
-        return _normalize_in_place(_deep_copy(value), check_surrogates=True)
+        return _normalize_in_place(_deep_copy(value), strings=True)
     except _Unholdable as exc:
         raise InvalidEntryError(str(exc)) from exc
 
@@ -335,7 +354,7 @@ def _prepare_export(value: Any) -> Any:
     if not _needs_export_fix(value):
         return value
     try:
-        fixed = _normalize_in_place(_deep_copy(value), check_surrogates=False)
+        fixed = _normalize_in_place(_deep_copy(value))
     except _Unholdable as exc:
         raise InvalidEntryError(str(exc)) from exc
     if type(fixed) is not dict and type(fixed) is not list:
@@ -361,13 +380,14 @@ def _prepare_export(value: Any) -> Any:
 def dumps_js(value: Any) -> bytes:
     """``JSON.stringify(value)`` as UTF-8 bytes, for JSON-like Python values.
 
+    Lone surrogates are written as ``\\ud83d`` escapes, as ``JSON.stringify`` writes them.
     Raises :class:`InvalidEntryError` for what JSON cannot hold faithfully (NaN, infinities,
-    lone surrogates, non-string keys, non-JSON types).
+    non-string keys, non-JSON types, a surrogate pair given as two code points).
     """
     prepared = _prepare_export(value)
     try:
-        return orjson.dumps(prepared)
-    except (orjson.JSONEncodeError, TypeError) as exc:
+        return encode_json(prepared)
+    except orjson.JSONEncodeError as exc:  # a TypeError
         raise InvalidEntryError(f"cannot be written as JSON: {exc}") from exc
 
 
@@ -860,7 +880,7 @@ class _Parser:
                 digest_bytes = raw.strip(b" \t\r")
             else:
                 digest_bytes = raw.strip(" \t\r").encode("utf-8")
-        return self._accept(lineno, value, digest_bytes, check_surrogates=False)
+        return self._accept(lineno, value, digest_bytes, slow=False)
 
     def _feed_slow(self, lineno: int, raw: bytes | str) -> bool:
         # Node decodes the file with U+FFFD replacement; so do we.
@@ -888,16 +908,16 @@ class _Parser:
         except _TooDeep as exc:
             # pi would keep this line; skipping it would lose data silently, so refuse it.
             raise InvalidEntryError(f"line {lineno}: {exc}") from exc
-        return self._accept(lineno, value, _encode(text.strip(" \t\r")), check_surrogates=True)
+        return self._accept(lineno, value, _encode(text.strip(" \t\r")), slow=True)
 
     def finish(self) -> None:
         if self.tail is not None:
             lineno, value, digest_bytes = self.tail
             self.tail = None
-            self._accept(lineno, value, digest_bytes, check_surrogates=True)
+            self._accept(lineno, value, digest_bytes, slow=True)
 
     def _accept(
-        self, lineno: int, value: Any, digest_bytes: bytes, *, check_surrogates: bool
+        self, lineno: int, value: Any, digest_bytes: bytes, *, slow: bool
     ) -> bool:
         if self.header_state is None:
             if value is None:
@@ -920,7 +940,7 @@ class _Parser:
         elif value.get("type") != "session":
             self.entry_count += 1
         try:
-            _normalize_in_place(value, check_surrogates=check_surrogates)
+            _normalize_in_place(value, strings=slow)
         except _Unholdable as exc:
             index = self.entry_count - 1 if self.value_count else None
             raise InvalidEntryError(f"line {lineno}: {exc}", index=index) from exc

@@ -3,7 +3,7 @@
 A :class:`Session` is built from the session header (pi's header object, kept verbatim) and the
 entries in commit order (for an imported pi file: file order). Everything here mirrors
 ``SessionManager`` of ``@mariozechner/pi-coding-agent`` 0.73.1 (see
-``shared/fixtures/pi/SPEC.md`` §5-§7 and §9) except where a pi behaviour would hang or crash:
+``tests/fixtures/pi/SPEC.md`` §5-§7 and §9) except where a pi behaviour would hang or crash:
 
 * entries that pi itself cannot handle are refused up front with :class:`InvalidEntryError`
   (non-objects, missing or empty ids, duplicate ids, parent cycles, ``message`` that is not an
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -277,10 +277,6 @@ def validate_entry(entry: Any, index: int | None = None) -> None:
         raise InvalidEntryError(
             "a message entry needs a `message` object", index=index, entry_id=entry_id
         )
-    if entry_type == "label" and not isinstance(entry.get("targetId"), str):
-        raise InvalidEntryError(
-            "a label entry needs a string targetId", index=index, entry_id=entry_id
-        )
     if entry_type == "session_info":
         name = entry.get("name")
         if name is not None and not isinstance(name, str):
@@ -300,6 +296,27 @@ def validate_entry(entry: Any, index: int | None = None) -> None:
             raise InvalidEntryError(
                 "a redaction entry needs a string reason", index=index, entry_id=entry_id
             )
+
+
+def _label_key(target: Any, label_id: str) -> Hashable:
+    """The key pi's label ``Map`` files ``target`` under (SameValueZero), as a dict key.
+
+    A string is its own key: the only kind an entry id can look up. Other targets (pi keeps
+    them, under keys no lookup reaches) get keys that no string equals: ``undefined`` (a
+    missing targetId) and ``null`` differ, ``true`` is not ``1``, and each parsed object or
+    array is a key of its own (JS compares them by identity), named by its label entry.
+    """
+    if type(target) is str:
+        return target
+    if target is _MISSING:
+        return ("undefined",)
+    if target is None:
+        return ("null",)
+    if target is True or target is False:
+        return ("boolean", target)
+    if isinstance(target, (int, float)):
+        return ("number", target)  # 1 and 1.0 are one key, as in JS
+    return ("object", label_id)
 
 
 def check_acyclic(
@@ -568,6 +585,7 @@ class Session:
         "_children",
         "_entries",
         "_header",
+        "_label_map",
         "_label_timestamps",
         "_labels",
         "_name",
@@ -579,6 +597,7 @@ class Session:
     _by_id: dict[str, Entry]
     _redacted: frozenset[str]
     _labels: dict[str, Any]
+    _label_map: tuple[tuple[Any, Any], ...]
     _label_timestamps: dict[str, Any]
     _children: dict[str | None, list[Entry]]
     _name: str | None
@@ -638,9 +657,10 @@ class Session:
         redacted = frozenset(redactions).union(stored_tombstones)
 
         # Labels (SPEC §5): file order, truthiness decides set vs delete; a delete followed by
-        # a set moves the key to the end, like a JS Map.
-        labels: dict[str, Any] = {}
-        label_timestamps: dict[str, Any] = {}
+        # a set moves the key to the end, like a JS Map. Keyed as pi's Map keys them
+        # (_label_key): key -> (targetId as JSON shows it, label).
+        labels: dict[Hashable, tuple[Any, Any]] = {}
+        label_timestamps: dict[Hashable, Any] = {}
         children: dict[str | None, list[Entry]] = {}
         name: str | None = None
         for entry in view:
@@ -651,18 +671,19 @@ class Session:
                 continue
             entry_type = entry.get("type")
             if entry_type == "label":
-                target_id = entry["targetId"]
+                target_id = entry.get("targetId", _MISSING)
+                key = _label_key(target_id, entry["id"])
                 label = entry.get("label", _MISSING)
                 if js_truthy(label):
-                    labels[target_id] = label
+                    labels[key] = (None if target_id is _MISSING else target_id, label)
                     # A label entry without timestamp leaves pi's labelTimestamp undefined.
                     if "timestamp" in entry:
-                        label_timestamps[target_id] = entry["timestamp"]
+                        label_timestamps[key] = entry["timestamp"]
                     else:
-                        label_timestamps.pop(target_id, None)
+                        label_timestamps.pop(key, None)
                 else:
-                    labels.pop(target_id, None)
-                    label_timestamps.pop(target_id, None)
+                    labels.pop(key, None)
+                    label_timestamps.pop(key, None)
             elif entry_type == "session_info":
                 # The last session_info in commit order decides, even an empty one (SPEC §9).
                 raw_name = entry.get("name")
@@ -672,8 +693,10 @@ class Session:
         self._entries = tuple(view)
         self._by_id = by_id
         self._redacted = redacted
-        self._labels = labels
-        self._label_timestamps = label_timestamps
+        # Only string keys can ever be looked up (by an entry's id).
+        self._labels = {k: label for k, (_, label) in labels.items() if type(k) is str}
+        self._label_map = tuple(labels.values())
+        self._label_timestamps = {k: t for k, t in label_timestamps.items() if type(k) is str}
         self._children = children
         self._name = name
 
@@ -733,8 +756,21 @@ class Session:
 
     @property
     def labels(self) -> dict[str, Any]:
-        """targetId -> label, in pi's Map insertion order (a copy)."""
+        """targetId -> label for string targetIds, in pi's Map insertion order (a copy).
+
+        These are the labels pi can show: it looks labels up by entry id. See
+        :attr:`label_map` for every key of pi's Map."""
         return dict(self._labels)
+
+    @property
+    def label_map(self) -> tuple[tuple[Any, Any], ...]:
+        """pi's label ``Map`` in full, as ``(targetId, label)`` pairs in insertion order.
+
+        Besides :attr:`labels`, it holds the labels whose ``targetId`` is not a string (missing,
+        ``null``, a number, a boolean, an object or an array): pi keeps them under keys that no
+        entry id reaches. A missing ``targetId`` (``undefined`` in pi's Map) shows as ``None``,
+        as ``JSON.stringify`` shows it."""
+        return self._label_map
 
     @property
     def label_timestamps(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from pi_samples import pi_expected, pi_fixtures, pi_scenarios
 
 from store import SessionStore
 from store.errors import (
@@ -30,16 +31,10 @@ from store.errors import (
 from store.pi_format import dumps_js, read_pi_file
 from store.session import Session
 
-FIXTURES = Path(
-    os.environ.get("SESSIONSTORE_PI_FIXTURES")
-    or Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "pi"
-)
-SCENARIOS = sorted(p.name for p in FIXTURES.iterdir() if (p / "session.jsonl").exists()) if FIXTURES.is_dir() else []
+FIXTURES = pi_fixtures()
+SCENARIOS = pi_scenarios()
 PI_NODE = Path(__file__).resolve().parent / "pi-node"
-
-
-def _expected(name: str) -> dict[str, Any]:
-    return json.loads((FIXTURES / name / "expected.json").read_text())
+_expected = pi_expected
 
 
 def _flat_tree(session: Session) -> list[tuple[str, list[str], Any]]:
@@ -63,6 +58,7 @@ def assert_same_session(got: Session, want: Session, alternates: list[str]) -> N
     assert [e["id"] for e in got.get_branch()] == [e["id"] for e in want.get_branch()]
     assert _flat_tree(got) == _flat_tree(want)
     assert got.labels == want.labels
+    assert js(got.label_map) == js(want.label_map)
     assert got.name == want.name
     assert js(got.build_context()) == js(want.build_context())
     for target in alternates:
@@ -70,7 +66,7 @@ def assert_same_session(got: Session, want: Session, alternates: list[str]) -> N
 
 
 def test_fixtures_present() -> None:
-    assert len(SCENARIOS) >= 60, f"pi fixtures not found at {FIXTURES}"
+    assert len(SCENARIOS) >= 62, f"pi fixtures missing from {FIXTURES}"
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
@@ -173,6 +169,7 @@ def test_exports_are_read_by_pi_itself(store: SessionStore, tmp_path: Path) -> N
         assert pi["branch"] == [e["id"] for e in ours.get_branch()], path.name
         assert js(pi["context"]) == js(ours.build_context()), path.name
         assert pi["name"] == ours.name, path.name
+        assert js(pi["labelMap"]) == js(ours.label_map), path.name
 
 
 # --- writer handles ----------------------------------------------------------------------------
@@ -335,6 +332,69 @@ def test_fork_of_fork_copies_nothing_and_exports(store: SessionStore, tmp_path: 
         store.branch_from_entry("src", "missing")
     with pytest.raises(SessionNotFoundError):
         store.branch_from_entry("nosuch", q1)
+
+
+# --- lone surrogates ----------------------------------------------------------------------------
+
+
+def test_lone_surrogates_are_stored_read_back_and_exported_exactly(store: SessionStore) -> None:
+    """What JavaScript writes for a string cut inside an emoji round-trips through segments,
+    the strict decoder and a compaction, and exports as pi writes it."""
+    from compactor import Compactor, CompactorOptions
+
+    store.create_session("sur", cwd="/w")
+    mgr = store.open_session("sur")
+    q = mgr.append_message(_user("cut: \ud83d"))
+    with mgr.batch():
+        mgr.append_custom_entry("k", {"\ude00": ["\ud83d", "😀", "\ude00\ud83d"]})
+        mgr.append_message(_assistant("fine"))
+    entries = store.load_session_entries("sur")
+    assert js(entries) == js(list(mgr.get_entries()))
+    assert entries[0]["message"]["content"] == "cut: \ud83d"
+    assert entries[1]["data"] == {"\ude00": ["\ud83d", "😀", "\ude00\ud83d"]}
+    assert '"cut: \\ud83d"' in store.export_pi_session("sur")
+    # Re-sending a committed batch finds it (the idempotency hash covers such strings).
+    again = store.append_session_entries("sur", [entries[0]])
+    assert again.seq == 1 and again.last_appended_entry_id == q
+    # A surrogate pair given as two code points would come back as one character: refused.
+    with pytest.raises(InvalidEntryError, match="surrogate pair as two code points"):
+        mgr.append_message(_user("\ud83d\ude00"))
+    # The compactor rewrites segments that hold them (here: to purge a redaction).
+    store.redact("sur", entries[2]["id"], "test")
+    Compactor(store, CompactorOptions(grace_ms=0)).compact_session("sur")
+    assert js(store.load_session_entries("sur")[:2]) == js(entries[:2])
+
+
+def test_segments_with_surrogate_escapes_decode_strictly() -> None:
+    import hashlib
+
+    from store.entries import decode_segment, encode_entries, prepare_batch
+    from store.errors import CorruptObjectError
+
+    entry = {"type": "custom", "id": "e1", "parentId": None, "data": {"\ud83d": "a\udfffé"}}
+    body = encode_entries([entry])
+    assert body == b'{"type":"custom","id":"e1","parentId":null,"data":{"\\ud83d":"a\\udfff\xc3\xa9"}}\n'
+    assert prepare_batch([entry]).body == body
+    plain = {"type": "custom", "id": "e0", "parentId": None, "data": "x"}
+    segment = encode_entries([plain, entry])
+    checksum = hashlib.sha256(segment).hexdigest()
+    assert decode_segment("k", segment, checksum) == [plain, entry]  # verified bytes
+    assert decode_segment("k", segment) == [plain, entry]  # the strict decoder
+    # The strict decoder's guarantees hold for such lines too.
+    bad = {
+        b'{"type":"custom","id":"e1","parentId":null,"data":"\\uD83D"}\n': "not in canonical form",
+        b'{"type":"custom","id":"e1","parentId":null,"data":"\xed\xa0\xbd"}\n': "invalid JSON",
+        b'{"type":"custom","id":"e1","parentId":null,"data":"\\ud83d","data":"\\ud83d"}\n': "duplicate keys",
+        b'{"type":"custom","id":"e1","parentId":null,"data":"\\ud83d","n":NaN}\n': "invalid JSON",
+    }
+    for data, reason in bad.items():
+        with pytest.raises(CorruptObjectError, match=reason):
+            decode_segment("k", data)
+    # Bytes that match their checksum are parsed without the canonical check, but never
+    # when they are not UTF-8 (a raw surrogate is not).
+    raw = next(iter(d for d, reason in bad.items() if b"\xed" in d))
+    with pytest.raises(CorruptObjectError, match="invalid JSON"):
+        decode_segment("k", raw, hashlib.sha256(raw).hexdigest())
 
 
 # --- redaction ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 import pytest
-from pi_samples import conversation_message
+from pi_samples import conversation_message, pi_fixtures, pi_scenarios
 
 from store.core import SessionStore
 from store.errors import BatchTooLargeError, InvalidEntryError, InvalidInputError
@@ -34,15 +34,8 @@ from store.pi_format import (
     scan_pi_file,
 )
 
-FIXTURES = Path(
-    os.environ.get("SESSIONSTORE_PI_FIXTURES")
-    or Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "pi"
-)
-SCENARIOS = (
-    sorted(p.name for p in FIXTURES.iterdir() if (p / "session.jsonl").exists())
-    if FIXTURES.is_dir()
-    else []
-)
+FIXTURES = pi_fixtures()
+SCENARIOS = pi_scenarios()
 ROOT = Path(__file__).resolve().parents[1]
 
 H3 = {
@@ -130,7 +123,21 @@ EDGE_CASES: dict[str, bytes] = {
         b"null",
     ),
     "two_refusals": _file(
-        H3, {"type": "label", "id": "l", "parentId": None}, _msg("e1", None), _msg("e1", None, "y")
+        H3,
+        {"type": "session_info", "id": "l", "parentId": None, "name": 5},
+        _msg("e1", None),
+        _msg("e1", None, "y"),
+    ),
+    # JavaScript's escapes for strings cut inside an emoji (the stdlib parser reads them), a
+    # repeat written with other escapes (the same entry), labels pi files under other keys.
+    "lone_surrogates": _file(
+        H3,
+        b'{"type":"message","id":"e1","parentId":null,"message":{"role":"user","content":"cut \\ud83d"}}',
+        H3,
+        b'{"type":"message","id":"e1","parentId":null,"message":{"role":"user","content":"cut \\uD83D"}}',
+        b'{"type":"custom","id":"e2","parentId":"e1","data":{"\\udc00":["\\ud83d\\ude00","\\ude00"]}}',
+        {"type": "label", "id": "l1", "parentId": "e2", "label": "no target"},
+        {"type": "label", "id": "l2", "parentId": "l1", "targetId": {"id": "e1"}, "label": "object"},
     ),
     # firstKeptEntryIndex counts parsed values, header = 0; the position of each is noted.
     "v1_compaction_indices": _file(
@@ -333,12 +340,17 @@ def test_edge_cases_mean_what_they_say() -> None:
     """The edge corpus exercises what it claims to (so the comparison above is not vacuous)."""
     assert read_pi_file(EDGE_CASES["collapsed_repeats"]).collapsed_duplicates == (5, 6)
     assert read_pi_file(EDGE_CASES["collapsed_despite_other_bytes"]).collapsed_duplicates == (3,)
+    surrogates = read_pi_file(EDGE_CASES["lone_surrogates"])
+    assert surrogates.collapsed_duplicates == (4,)
+    assert surrogates.entries[0]["message"]["content"] == "cut \ud83d"
+    assert surrogates.entries[1]["data"] == {"\udc00": ["😀", "\ude00"]}
+    assert surrogates.to_session().label_map == ((None, "no target"), ({"id": "e1"}, "object"))
     for name, fragment in [
         ("repeat_with_other_content", "with different content"),
         ("ends_with_repeat", "ends with a repeat"),
         ("cycle", "parentId cycle"),
         ("parse_error_after_refusal", "null where an entry object"),
-        ("two_refusals", "string targetId"),
+        ("two_refusals", "name must be a string"),
         ("v1_refused_entry", "needs a `message`"),
     ]:
         with pytest.raises(InvalidEntryError, match=fragment):

@@ -13,6 +13,7 @@ for (const file of process.argv.slice(2)) {
     branch: sm.getBranch().map((e) => e.id),
     context: sm.buildSessionContext(),
     name: sm.getSessionName() ?? null,
+    labelMap: [...sm.labelsById], // every key, also targetIds that are not strings
   });
 }
 process.stdout.write(JSON.stringify(out));
