@@ -12,9 +12,9 @@ Operators::
 The worker process is ``python -m compactor`` (``compactor.worker.Worker``).
 """
 
-from compactor.compact import Compactor
+from compactor.compact import Compactor, migrate_session
 from compactor.config import CompactorOptions, WorkerOptions
-from compactor.jobs import Job, JobQueue, ParkedJob
+from coordination.jobs import Job, JobQueue, ParkedJob
 from compactor.records import BaseRef, CompactionRecord, CompactionResult, GcResult
 from compactor.worker import Worker, WorkerStats
 
@@ -31,4 +31,5 @@ __all__ = [
     "Worker",
     "WorkerOptions",
     "WorkerStats",
+    "migrate_session",
 ]

@@ -29,7 +29,7 @@ import orjson
 
 from compactor.compact import Compactor
 from compactor.config import DEFAULT_GRACE_MS, CompactorOptions, WorkerOptions
-from compactor.jobs import JobQueue
+from coordination.jobs import JobQueue
 from compactor.logs import configure
 from compactor.worker import Worker
 from store.core import SessionStore

@@ -35,35 +35,27 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
-import orjson
 
 from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
-from compactor.records import (
-    MANIFEST_SCHEMA,
-    BaseRef,
-    CompactionRecord,
-    CompactionResult,
-    GcResult,
-    iso_ms,
-)
+from compactor.records import BaseRef, CompactionRecord, CompactionResult, GcResult
 from compactor.redaction import RedactionIndex
-from store.core import Manifest, SessionStore
-from store.entries import decode_segment
-from store.migrations import CURRENT_SCHEMA, upgrade
+from store.clock import iso_ms
+from store.core import SessionStore
+from store.entries import encode_json
 from store.errors import (
     BackendError,
     BackendUnavailableError,
     CorruptObjectError,
-    IndeterminateError,
     ObjectExistsError,
     ObjectNotFoundError,
 )
 from store.layout import Layout, check_session_id
+from store.manifest import Manifest, build_manifest
+from store.migrations import CURRENT_SCHEMA
+from store.segments import SCHEMA, SHA256, contiguous, decode_object
 
 log = logging.getLogger("sessionstore.compactor")
 
-_SHA_KEY = "sha256"
-_NONCE_KEY = "nonce"
 # A source vanished mid-compaction: another worker's newer manifest retired it and the grace
 # period ran out. Start over from the newest manifest, a few times at most.
 _MAX_RESTARTS = 3
@@ -172,7 +164,7 @@ class Compactor:
         header = store.get_header(sid)
         inc = header.incarnation
         started_ms = self.now()
-        previous = store.latest_manifest(sid, inc)
+        previous = store.manifests.latest(sid, inc)
         first = previous.through_seq + 1 if previous else 1
         segments, more = self._segments_from(sid, inc, first)
         if not segments:
@@ -182,7 +174,7 @@ class Compactor:
             scan = self._scan(sid, inc, previous, segments, spool, header.schema)
             self.fault("compact.after_scan", session_id=sid, generation=gen)
             token = uuid.uuid4().hex
-            writer = _BaseWriter(self, sid, inc, f"{gen:016d}-{started_ms}-{token}")
+            writer = _BaseWriter(self, sid, inc, Layout.base_stem(gen, started_ms, token))
             try:
                 purged = self._write_bases(scan, spool, writer)
             except BaseException:
@@ -199,7 +191,7 @@ class Compactor:
         )
         mkey = store.layout.manifest(sid, inc, gen)
         self.fault("compact.before_manifest", session_id=sid, generation=gen, key=mkey)
-        if not self._create_manifest(mkey, orjson.dumps(manifest), token):
+        if not store.manifests.create(sid, inc, gen, manifest, token):
             writer.delete_all()
             log.info(
                 "lost the race for a manifest",
@@ -249,15 +241,14 @@ class Compactor:
         infos = self.store.options.retry.call(
             lambda: list(itertools.islice(self.store.objects.list(prefix, start_after), limit + 1))
         )
-        out: list[tuple[int, str]] = []
+        numbers: list[int] = []
         for info in infos:
-            try:
-                seq = Layout.seq_of(info.key)
-            except ValueError:
+            parsed = layout.parse(info.key)
+            if parsed is None or parsed.kind != "segment" or parsed.number is None:
                 break  # not a segment name: treat like a gap, never merge past it
-            if seq != first + len(out):
-                break
-            out.append((seq, info.key))
+            numbers.append(parsed.number)
+        seqs = contiguous(numbers, first)
+        out = [(seq, layout.segment(sid, inc, seq)) for seq in seqs]
         more = len(out) > limit
         return out[:limit], more
 
@@ -287,9 +278,7 @@ class Compactor:
 
         def take(key: str, data: bytes, checksum: str | None, seq: int, schema: int) -> int:
             nonlocal offset, entries, last_id, bytes_in
-            decoded = decode_segment(key, data, checksum)
-            if schema != CURRENT_SCHEMA:
-                decoded = upgrade(decoded, schema)
+            decoded = decode_object(key, data, checksum, schema)
             for entry in decoded:
                 redactions.observe(entry)
             if decoded:
@@ -302,7 +291,7 @@ class Compactor:
             return len(decoded)
 
         specs: list[tuple[str, str | None, int]] = [
-            (str(b["key"]), b.get(_SHA_KEY), 0) for b in (previous.bases if previous else ())
+            (str(b["key"]), b.get(SHA256), 0) for b in (previous.bases if previous else ())
         ]
         base_schemas = [int(b.get("schema", CURRENT_SCHEMA)) for b in (previous.bases if previous else ())]
         specs.extend((key, None, seq) for seq, key in segments)
@@ -322,8 +311,8 @@ class Compactor:
                         f"{sum(previous.seq_counts)}",
                     )
                 unchecked = False
-            written = int(obj.metadata.get("schema", header_schema))
-            seq_counts.append(take(key, obj.data, obj.metadata.get(_SHA_KEY), seq, written))
+            written = int(obj.metadata.get(SCHEMA, header_schema))
+            seq_counts.append(take(key, obj.data, obj.metadata.get(SHA256), seq, written))
             segment_bytes += len(obj.data)
         return _Scan(
             tuple(sources), redactions, tuple(seq_counts), entries, last_id, bytes_in, segment_bytes
@@ -363,15 +352,13 @@ class Compactor:
                 continue
             out: list[bytes] = []
             changed = source.schema != CURRENT_SCHEMA
-            decoded = decode_segment(source.key, data, source.checksum)
-            if changed:
-                decoded = upgrade(decoded, source.schema)
+            decoded = decode_object(source.key, data, source.checksum, source.schema)
             for entry in decoded:
                 kept = scan.redactions.apply(entry)
                 if kept is not entry and kept != entry:
                     purged += 1
                     changed = True
-                out.append(orjson.dumps(kept) + b"\n")
+                out.append(encode_json(kept) + b"\n")
             writer.add(b"".join(out) if changed else data, source.entries)
         writer.flush()
         return purged
@@ -407,71 +394,56 @@ class Compactor:
     ) -> dict[str, Any]:
         layout = self.store.layout
         retired: list[str] = []
-        history: list[dict[str, Any]] = []
         if previous is not None:
             retired.append(layout.manifest(sid, inc, previous.generation))
             retired.extend(str(b["key"]) for b in previous.bases)
-            prev_record = previous.raw.get("compaction")
-            if isinstance(prev_record, dict):
-                history.append({**prev_record, "generation": previous.generation})
-            history.extend(h for h in previous.raw.get("history") or [] if isinstance(h, dict))
         retired.extend(key for _, key in segments)
-        grace = self.options.grace_ms
-        return {
-            "schema": MANIFEST_SCHEMA,
-            "session_id": sid,
-            "incarnation": inc,
-            "generation": gen,
-            "previous_generation": previous.generation if previous else 0,
-            "through_seq": merged[1],
-            "seq_counts": list(scan.seq_counts),
-            "bases": [b.to_json() for b in bases],
-            "entry_count": scan.entries,
-            "last_entry_id": scan.last_entry_id,
-            "compaction": {
-                "segments_merged": [merged[0], merged[1]],
-                "segment_count": len(segments),
-                "entries": scan.entries,
-                "entries_merged": sum(scan.seq_counts[merged[0] - 1 :]),
-                "bytes_in": scan.bytes_in,
-                "segment_bytes": scan.segment_bytes,
-                "bytes_out": sum(b.bytes for b in bases),
-                "redactions_purged": purged,
-                "worker": self.worker,
-                "started_at": iso_ms(started_ms),
-                "finished_at": iso_ms(finished_ms),
-                "started_at_ms": started_ms,
-                "finished_at_ms": finished_ms,
-            },
-            "retired": retired,
-            "grace_ms": grace,
-            "delete_after_ms": finished_ms + grace,
-            "history": history[: self.options.history_limit],
+        record = {
+            "segments_merged": [merged[0], merged[1]],
+            "segment_count": len(segments),
+            "entries": scan.entries,
+            "entries_merged": sum(scan.seq_counts[merged[0] - 1 :]),
+            "bytes_in": scan.bytes_in,
+            "segment_bytes": scan.segment_bytes,
+            "bytes_out": sum(b.bytes for b in bases),
+            "redactions_purged": purged,
+            "worker": self.worker,
+            "started_at": iso_ms(started_ms),
+            "finished_at": iso_ms(finished_ms),
+            "started_at_ms": started_ms,
+            "finished_at_ms": finished_ms,
         }
+        return build_manifest(
+            session_id=sid,
+            incarnation=inc,
+            generation=gen,
+            previous=previous,
+            through_seq=merged[1],
+            seq_counts=scan.seq_counts,
+            bases=[b.to_json() for b in bases],
+            entry_count=scan.entries,
+            last_entry_id=scan.last_entry_id,
+            compaction=record,
+            retired=retired,
+            grace_ms=self.options.grace_ms,
+            finished_ms=finished_ms,
+            history_limit=self.options.history_limit,
+        )
 
-    def _create_manifest(self, key: str, data: bytes, nonce: str) -> bool:
-        """Create the manifest if absent. True if ours is the one that exists."""
-        objects = self.store.objects
-        try:
-            self.store.options.retry.call(
-                lambda: objects.put_if_absent(key, data, {_NONCE_KEY: nonce})
-            )
-            return True
-        except ObjectExistsError:
-            pass  # another worker's, or our own earlier attempt whose answer was lost
-        except BackendUnavailableError as exc:
-            # Outcome unknown. One look decides; if it cannot, the job fails and our bases
-            # stay: should the create still land, they are what it names (and otherwise GC
-            # removes them as orphans).
-            try:
-                obj = objects.get(key)
-            except (ObjectNotFoundError, BackendError):
-                raise IndeterminateError(
-                    f"manifest {key!r}: the create failed and may still land ({exc})"
-                ) from exc
-            return obj.metadata.get(_NONCE_KEY) == nonce
-        obj = self.store.options.retry.call(lambda: objects.get(key))
-        return obj.metadata.get(_NONCE_KEY) == nonce
+
+def migrate_session(store: SessionStore, session_id: str, **compactor_options: Any) -> CompactionResult:
+    """Rewrite a session written at an older schema forward (store/migrations.py).
+
+    Readers already see every session at the current schema: each segment and base is lifted
+    through the migration list as it is read. This makes it permanent, without overwriting
+    any object: one compaction, which lifts everything it merges and writes its base at the
+    current schema (and, like every compaction, leaves the old objects to GC after the grace
+    period). ``outcome`` is "nothing" when no segment follows the newest manifest: a
+    manifest's bases are rewritten by the next compaction that has a segment to merge.
+    """
+    return Compactor(store, CompactorOptions(**compactor_options)).compact_session(
+        check_session_id(session_id)
+    )
 
 
 class _BaseWriter:
@@ -504,7 +476,7 @@ class _BaseWriter:
         key = store.layout.base(self._sid, self._inc, f"{self._stem}-{len(self.bases):05d}")
         sha = hashlib.sha256(data).hexdigest()
         try:
-            store.options.retry.call(lambda: store.objects.put_if_absent(key, data, {_SHA_KEY: sha}))
+            store.options.retry.call(lambda: store.objects.put_if_absent(key, data, {SHA256: sha}))
         except ObjectExistsError:
             pass  # the key is ours alone (random token): an earlier attempt of this PUT landed
         self.bases.append(BaseRef(key, sha, self._entries, len(data)))

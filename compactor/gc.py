@@ -48,22 +48,13 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import orjson
-
-from compactor.jobs import redis_call
-from compactor.records import MANIFEST_SCHEMA, GcResult, iso_ms
-from store.core import Manifest
-from store.errors import (
-    BackendError,
-    ObjectExistsError,
-    ObjectNotFoundError,
-    SessionNotFoundError,
-    SessionStoreError,
-)
-from store.layout import Layout
+from compactor.records import GcResult
+from store.errors import BackendError, IndeterminateError, SessionNotFoundError, SessionStoreError
+from store.manifest import Manifest, fence_manifest
 
 if TYPE_CHECKING:
     from compactor.compact import Compactor
@@ -118,10 +109,9 @@ class GarbageCollector:
             header = None
         by_inc: dict[str, list[str]] = defaultdict(list)
         for key in listed:
-            rest = key[len(session_prefix) :]
-            inc, sep, sub = rest.partition("/")
-            if sep and sub:
-                by_inc[inc].append(key)
+            parsed = store.layout.parse(key)
+            if parsed is not None and parsed.incarnation is not None:
+                by_inc[parsed.incarnation].append(key)
         due: list[tuple[str, str]] = []
         waiting = 0
         stale: list[str] = []
@@ -154,22 +144,21 @@ class GarbageCollector:
         self, sid: str, inc: str, keys: list[str], now: int, grace: int
     ) -> tuple[list[tuple[str, str]], int]:
         store = self._c.store
-        inc_prefix = store.layout.incarnation_prefix(sid, inc)
         segments: dict[int, str] = {}
         manifests: dict[int, str] = {}
         bases: list[str] = []
         for key in keys:
-            kind, _, name = key[len(inc_prefix) :].partition("/")
-            try:
-                if kind == "seg" and name.endswith(".jsonl"):
-                    segments[Layout.seq_of(key)] = key
-                elif kind == "manifest" and name.endswith(".json"):
-                    manifests[Layout.seq_of(key)] = key
-                elif kind == "base" and name.endswith(".jsonl"):
-                    bases.append(key)
-            except ValueError:
-                pass  # not a name the store writes: never ours to delete
-        latest = store.latest_manifest(sid, inc)
+            parsed = store.layout.parse(key)
+            if parsed is None:
+                continue
+            if parsed.kind == "segment" and parsed.number is not None:
+                segments[parsed.number] = key
+            elif parsed.kind == "manifest" and parsed.number is not None:
+                manifests[parsed.number] = key
+            elif parsed.kind == "base":
+                bases.append(key)
+            # anything else is not a name the store writes: never ours to delete
+        latest = store.manifests.latest(sid, inc)
         if latest is None:
             # No manifest: every segment is live, and no base is named by anything.
             return self._orphans(sid, inc, None, bases, set(), now, grace)
@@ -249,16 +238,10 @@ class GarbageCollector:
         low = min(listed) if listed else latest.generation
         out: list[_ManifestInfo] = []
         for gen in range(low, latest.generation + 1):
-            if gen == latest.generation:
-                manifest = latest
-            else:
-                key = store.layout.manifest(sid, inc, gen)
-                try:
-                    obj = store.options.retry.call(lambda: store.objects.get(key))
-                except ObjectNotFoundError:
-                    continue  # deleted by another pass: what it retired is past its grace too
-                manifest = Manifest.from_json(key, obj.data, obj.last_modified_ms)
-            out.append(_info(manifest, grace))
+            found = latest if gen == latest.generation else store.manifests.get(sid, inc, gen)
+            if found is None:
+                continue  # deleted by another pass: what it retired is past its grace too
+            out.append(_info(found, grace))
         return out
 
     def _orphans(
@@ -290,8 +273,9 @@ class GarbageCollector:
         for key in candidates:
             if key in live:
                 continue
-            started = _base_started_ms(key)
-            gen = _base_generation(key)
+            parsed = self._c.store.layout.parse(key)
+            started = parsed.started_ms if parsed else None
+            gen = parsed.number if parsed else None
             if started is None or gen is None or now < started + grace:
                 waiting += 1
             elif gen <= newest:
@@ -319,58 +303,24 @@ class GarbageCollector:
         then garbage at once; otherwise the next pass decides from what it lists).
         """
         store = self._c.store
-        if latest is not None:
-            body = dict(latest.raw)
-            history = [
-                {**latest.raw["compaction"], "generation": latest.generation}
-            ] if isinstance(latest.raw.get("compaction"), dict) else []
-            history.extend(h for h in latest.raw.get("history") or [] if isinstance(h, dict))
-            limit = self._c.options.history_limit
-            body["history"] = history[:limit]
-        else:
-            body = {
-                "schema": MANIFEST_SCHEMA,
-                "session_id": sid,
-                "incarnation": inc,
-                "through_seq": 0,
-                "seq_counts": [],
-                "bases": [],
-                "entry_count": 0,
-                "last_entry_id": "",
-                "history": [],
-            }
-        body.update(
+        body = fence_manifest(
+            session_id=sid,
+            incarnation=inc,
             generation=gen,
-            previous_generation=latest.generation if latest is not None else 0,
-            retired=[],
+            newest=latest,
+            worker=self._c.worker,
+            now_ms=now,
             grace_ms=grace,
-            delete_after_ms=now + grace,
-            compaction={
-                "kind": "fence",
-                "segments_merged": [0, 0],
-                "segment_count": 0,
-                "entries": 0,
-                "bytes_in": 0,
-                "bytes_out": 0,
-                "redactions_purged": 0,
-                "worker": self._c.worker,
-                "started_at": iso_ms(now),
-                "finished_at": iso_ms(now),
-                "started_at_ms": now,
-                "finished_at_ms": now,
-            },
+            history_limit=self._c.options.history_limit,
         )
-        key = store.layout.manifest(sid, inc, gen)
         self._c.fault("gc.before_fence_manifest", session_id=sid, generation=gen)
         try:
-            store.options.retry.call(
-                lambda: store.objects.put_if_absent(key, orjson.dumps(body), {"nonce": "gc-fence"})
-            )
-        except ObjectExistsError:
-            return False  # its compactor came back (or another GC fenced it): either way, taken
-        except BackendError as exc:
+            created = store.manifests.create(sid, inc, gen, body, f"gc-fence-{uuid.uuid4().hex}")
+        except (BackendError, IndeterminateError) as exc:
             log.warning("fence manifest not created", extra={"session_id": sid, "error": repr(exc)})
             return False
+        if not created:
+            return False  # its compactor came back (or another GC fenced it): either way, taken
         log.info("fenced an abandoned generation", extra={"session_id": sid, "generation": gen})
         return True
 
@@ -380,27 +330,17 @@ class GarbageCollector:
         if header is not None:
             # The old incarnation ended no later than the current header was created.
             return now >= header.created_at_ms + grace
-        client = self._c.store.coord.client
-        key = self._c.store.coord.keys.gc_seen
-        field = f"{sid}/{inc}"
-
-        def mark() -> object:
-            client.hsetnx(key, field, now)
-            return client.hget(key, field)
-
         try:
-            seen = redis_call(mark)
+            seen = self._c.store.coord.gc_first_seen(sid, inc, now)
         except BackendError as exc:
             # No mark, no deletion this time: the objects wait for a pass that has one.
             log.warning("gc mark unavailable", extra={"session_id": sid, "error": repr(exc)})
             return False
-        return isinstance(seen, (bytes, str, int)) and now >= int(seen) + grace
+        return seen is not None and now >= seen + grace
 
     def _forget_marks(self, sid: str, incs: list[str]) -> None:
-        client = self._c.store.coord.client
-        key = self._c.store.coord.keys.gc_seen
         try:
-            redis_call(lambda: client.hdel(key, *[f"{sid}/{inc}" for inc in incs]))
+            self._c.store.coord.gc_forget_seen(sid, incs)
         except BackendError as exc:
             log.warning("gc marks not cleared", extra={"session_id": sid, "error": repr(exc)})
 
@@ -418,25 +358,18 @@ class GarbageCollector:
 
 
 def _info(manifest: Manifest, grace: int) -> _ManifestInfo:
-    raw = manifest.raw
-    comp = raw.get("compaction") if isinstance(raw.get("compaction"), dict) else {}
-    finished = comp.get("finished_at_ms") if comp else None
-    recorded = raw.get("delete_after_ms")
-    if not isinstance(finished, int) and not isinstance(recorded, int):
+    finished = manifest.finished_at_ms
+    recorded = manifest.delete_after_ms
+    if finished is None and recorded is None:
         # A manifest without times: nothing it retired is ever deleted automatically.
         at = _NEVER
     else:
         at = max(
-            recorded if isinstance(recorded, int) else 0,
-            (finished + grace) if isinstance(finished, int) else 0,
+            recorded or 0,
+            (finished + grace) if finished is not None else 0,
             _paused_create(manifest, finished, grace),
         )
-    return _ManifestInfo(
-        manifest.generation,
-        manifest.through_seq,
-        frozenset(str(b["key"]) for b in manifest.bases),
-        at,
-    )
+    return _ManifestInfo(manifest.generation, manifest.through_seq, manifest.base_keys, at)
 
 
 def _paused_create(manifest: Manifest, finished: object, grace: int) -> int:
@@ -449,24 +382,6 @@ def _paused_create(manifest: Manifest, finished: object, grace: int) -> int:
     if created is None or not isinstance(finished, int) or created - finished <= grace // 2:
         return 0
     return created + grace
-
-
-def _base_generation(key: str) -> int | None:
-    """The generation in ``<gen:016d>-<started ms>-<token>-<part>.jsonl``, or None."""
-    name = key.rsplit("/", 1)[-1].split(".", 1)[0]
-    parts = name.split("-")
-    if len(parts) != 4 or not parts[0].isdigit():
-        return None
-    return int(parts[0])
-
-
-def _base_started_ms(key: str) -> int | None:
-    """The start time in ``<gen:016d>-<started ms>-<token>-<part>.jsonl``, or None."""
-    name = key.rsplit("/", 1)[-1].split(".", 1)[0]
-    parts = name.split("-")
-    if len(parts) != 4 or not parts[1].isdigit():
-        return None
-    return int(parts[1])
 
 
 __all__ = ["GarbageCollector"]

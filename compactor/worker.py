@@ -28,7 +28,7 @@ from typing import Any
 from compactor.compact import Compactor
 from compactor.config import WorkerOptions, wall_clock_ms
 from compactor.records import CompactionResult
-from compactor.jobs import Job, JobQueue
+from coordination.jobs import Job, JobQueue
 from store.errors import BackendError, SessionNotFoundError, SessionStoreError
 
 log = logging.getLogger("sessionstore.compactor.worker")

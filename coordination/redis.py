@@ -102,6 +102,14 @@ def translate_redis_error(exc: Exception) -> Exception:
     return exc
 
 
+def redis_call(fn: Callable[[], T]) -> T:
+    """Run one redis-py call; its exceptions become ``store.errors`` (the one boundary)."""
+    try:
+        return fn()
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise translate_redis_error(exc) from exc
+
+
 class Coordinator:
     """Per-session tail, id index and notifications; the compaction queue and session index."""
 
@@ -161,13 +169,7 @@ class Coordinator:
             pass
 
     def _call(self, fn: Callable[[], T], *, retry: bool = True) -> T:
-        def once() -> T:
-            try:
-                return fn()
-            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
-                raise translate_redis_error(exc) from exc
-
-        return self.retry.call(once) if retry else once()
+        return self.retry.call(lambda: redis_call(fn)) if retry else redis_call(fn)
 
     # --- append protocol ---------------------------------------------------------------------
 
@@ -393,6 +395,23 @@ class Coordinator:
         return bool(self._call(lambda: self._forget(keys=keys, args=[inc, deleted_for_ms])))
 
     # --- session index and jobs (other slots: never inside a per-session script) ------------
+
+    def gc_first_seen(self, sid: str, inc: str, now_ms: int) -> int | None:
+        """When GC first saw objects of incarnation ``inc`` of a session without a header
+        (marked now if never). Losing the mark only delays a deletion."""
+        key, field = self.keys.gc_seen, f"{sid}/{inc}"
+
+        def mark() -> object:
+            self.client.hsetnx(key, field, now_ms)
+            return self.client.hget(key, field)
+
+        seen = self._call(mark, retry=False)
+        return int(seen) if isinstance(seen, (bytes, str, int)) else None
+
+    def gc_forget_seen(self, sid: str, incs: Sequence[str]) -> None:
+        fields = [f"{sid}/{inc}" for inc in incs]
+        if fields:
+            self._call(lambda: self.client.hdel(self.keys.gc_seen, *fields), retry=False)
 
     def touch_session(self, sid: str, when_ms: int | None = None) -> None:
         score = when_ms if when_ms is not None else int(time.time() * 1000)

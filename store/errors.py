@@ -9,7 +9,7 @@ with ``raise ... from exc`` so that the cause stays visible.
     SessionStoreError
     ├── InvalidInputError                   bad input; nothing was written
     │   ├── InvalidSessionIdError
-    │   ├── InvalidEntryError               malformed entry, NaN, lone surrogate, cycle, ...
+    │   ├── InvalidEntryError               malformed entry, NaN, split surrogate pair, cycle, ...
     │   └── BatchTooLargeError
     ├── SessionNotFoundError
     ├── SessionExistsError

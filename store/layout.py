@@ -17,6 +17,7 @@ docs/design.md, "Incarnations").
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from store.errors import InvalidSessionIdError
 
@@ -34,6 +35,24 @@ def check_session_id(session_id: object) -> str:
     if ".." in session_id:
         raise InvalidSessionIdError(session_id, "must not contain '..'")
     return session_id
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedKey:
+    """What a key under ``sessions/`` names (``Layout.parse``)."""
+
+    session_id: str
+    #: None for the header.
+    incarnation: str | None
+    #: "header", "segment", "manifest", "base", or "other" (a name the store never writes).
+    kind: str
+    #: The segment's seq or the manifest's generation; a base's generation.
+    number: int | None = None
+    #: A base's start time (ms), from its name.
+    started_ms: int | None = None
+
+
+_KIND_OF = {"seg": ("segment", ".jsonl"), "manifest": ("manifest", ".json"), "base": ("base", ".jsonl")}
 
 
 class Layout:
@@ -75,7 +94,40 @@ class Layout:
         return f"{self.prefix}_probe/"
 
     @staticmethod
+    def base_stem(generation: int, started_ms: int, token: str) -> str:
+        """The unique part of the bases one compaction attempt writes for ``generation``;
+        each base is ``<stem>-<part:05d>``. GC reads the generation and the start back."""
+        return f"{generation:0{SEQ_WIDTH}d}-{started_ms}-{token}"
+
+    @staticmethod
     def seq_of(key: str) -> int:
         """The number in a segment or manifest key."""
         name = key.rsplit("/", 1)[-1]
         return int(name.split(".", 1)[0])
+
+    def parse(self, key: str) -> ParsedKey | None:
+        """The session, incarnation, kind and number a key names; None outside ``sessions/``."""
+        root = self.sessions_prefix
+        if not key.startswith(root):
+            return None
+        sid, sep, rest = key[len(root) :].partition("/")
+        if not sep or not sid:
+            return None
+        if rest == "header.json":
+            return ParsedKey(sid, None, "header")
+        inc, sep, sub = rest.partition("/")
+        kind_dir, sep2, name = sub.partition("/")
+        if not sep or not sep2 or "/" in name or kind_dir not in _KIND_OF:
+            return ParsedKey(sid, inc or None, "other")
+        kind, suffix = _KIND_OF[kind_dir]
+        if not name.endswith(suffix):
+            return ParsedKey(sid, inc, "other")
+        stem = name[: -len(suffix)]
+        if kind == "base":
+            parts = stem.split("-")
+            if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit():
+                return ParsedKey(sid, inc, kind, int(parts[0]), int(parts[1]))
+            return ParsedKey(sid, inc, kind)
+        if not stem.isdigit():
+            return ParsedKey(sid, inc, "other")
+        return ParsedKey(sid, inc, kind, int(stem))

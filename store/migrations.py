@@ -4,7 +4,7 @@ Every segment records the schema its writer used (object metadata ``schema``; a 
 without it is of its session header's schema), every base its schema in the manifest. A
 reader lifts each object's entries to ``CURRENT_SCHEMA`` by running ``MIGRATIONS[v]`` for
 v = object schema .. CURRENT_SCHEMA - 1, so sessions written by older versions of the store
-read exactly like new ones. ``SessionStore.migrate_session`` rewrites a session forward
+read exactly like new ones. ``compactor.migrate_session`` rewrites a session forward
 (a compaction whose base is written at the current schema); no object is overwritten.
 
 Rules for adding a migration: append, never edit or reorder; a migration must be pure and

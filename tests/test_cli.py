@@ -23,16 +23,15 @@ from typing import Any
 
 import pytest
 
+from pi_samples import pi_fixtures
+
 from store import SessionStore
 from store.cli import main
 from store.cli.common import Exit
 from store.embedded import EmbeddedRedis
 from store.pi_format import dumps_js, read_pi_file
 
-FIXTURES = Path(
-    os.environ.get("SESSIONSTORE_PI_FIXTURES")
-    or Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "pi"
-)
+FIXTURES = pi_fixtures()
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from compactor import Compactor, CompactorOptions, Worker, WorkerOptions
 
-from compactor.jobs import JobQueue
+from coordination.jobs import JobQueue
 from coordination.redis import Coordinator
 from store import SessionStore, StoreOptions
 from store.entries import encode_entries

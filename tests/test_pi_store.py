@@ -18,6 +18,7 @@ from typing import Any, Callable
 import pytest
 from pi_samples import pi_expected, pi_fixtures, pi_scenarios
 
+from compactor import migrate_session
 from store import SessionStore
 from store.errors import (
     ConflictError,
@@ -448,7 +449,7 @@ def test_session_of_an_older_schema_reads_current_and_migrates_forward(store: Se
     store.append_session_entries("old", [{"type": "message", "id": "a1", "parentId": "u1", "message": _assistant("yo")}])
     assert roles(store.load_session("old")) == ["custom", "user", "assistant"]
     before = {i.key: store.objects.get(i.key).data for i in store.objects.list(store.layout.session_prefix("old"))}
-    result = store.migrate_session("old")
+    result = migrate_session(store, "old")
     assert result.outcome == "compacted"
     # Nothing overwritten: every object that existed is still there, byte for byte.
     for key, data in before.items():

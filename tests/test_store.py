@@ -169,7 +169,6 @@ def test_append_to_missing_session(store: SessionStore) -> None:
 
 
 def _bad_batches() -> list[tuple[str, Callable[[], Any], type[Exception]]]:
-    lone = "\ud800"
     return [
         ("not a list", lambda: entry("a", None), InvalidEntryError),
         ("a string", lambda: "abc", InvalidEntryError),
@@ -189,8 +188,10 @@ def _bad_batches() -> list[tuple[str, Callable[[], Any], type[Exception]]]:
         ("cycle in batch", lambda: [entry("a", "b"), entry("b", "a")], InvalidEntryError),
         ("NaN", lambda: [entry("a", None, x=math.nan)], InvalidEntryError),
         ("Infinity", lambda: [entry("a", None, x={"y": [math.inf]})], InvalidEntryError),
-        ("lone surrogate", lambda: [entry("a", None, lone)], InvalidEntryError),
-        ("lone surrogate key", lambda: [{**entry("a", None), lone: 1}], InvalidEntryError),
+        # Lone surrogates are stored as pi writes them; a pair held as two code points is not
+        # (every JSON parser would read it back as the one character).
+        ("split surrogate pair", lambda: [entry("a", None, "\ud83d\ude00")], InvalidEntryError),
+        ("split surrogate pair key", lambda: [{**entry("a", None), "\ud83d\ude00": 1}], InvalidEntryError),
         ("non-string key", lambda: [{**entry("a", None), 1: 1}], InvalidEntryError),
         ("not serialisable", lambda: [entry("a", None, x=object())], InvalidEntryError),
         ("too many entries", lambda: [entry(f"e{i}", None) for i in range(11)], BatchTooLargeError),
@@ -342,11 +343,10 @@ def test_store_refuses_a_backend_that_ignores_conditional_writes(redis_url: str,
     [
         {"type": "message", "id": "m", "parentId": None, "message": None},
         {"type": "message", "id": "m", "parentId": None},
-        {"type": "label", "id": "l", "parentId": None, "targetId": 5},
         {"type": "session_info", "id": "i", "parentId": None, "name": ["x"]},
         {"type": "redaction", "id": "r", "parentId": None, "targetId": "", "reason": "x"},
     ],
-    ids=["null message", "no message", "label target", "name not string", "redaction target"],
+    ids=["null message", "no message", "name not string", "redaction target"],
 )
 def test_entries_the_session_model_cannot_read_are_refused(store: SessionStore, bad: dict[str, Any]) -> None:
     store.create_session("pi")

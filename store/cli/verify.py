@@ -29,8 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from store.core import Manifest
-from store.entries import decode_segment
+from store.segments import contiguous, decode_base_object, decode_segment_object
 from store.errors import (
     BackendError,
     CorruptObjectError,
@@ -39,13 +38,12 @@ from store.errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
-from store.layout import Layout, check_session_id
+from store.layout import check_session_id
 from store.session import Session, branch_path
 
 if TYPE_CHECKING:
     from store.core import SessionStore
 
-_SHA_KEY = "sha256"
 _ATTEMPTS = 3
 _SHOW = 5
 
@@ -152,22 +150,17 @@ def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
     for key in listed:
         if not key.startswith(inc_prefix):
             continue
-        kind, _, name = key[len(inc_prefix) :].partition("/")
-        try:
-            if kind == "seg" and name.endswith(".jsonl") and "/" not in name:
-                segments[Layout.seq_of(key)] = key
-                continue
-            if kind == "manifest" and name.endswith(".json") and "/" not in name:
-                manifests[Layout.seq_of(key)] = key
-                continue
-        except ValueError:
-            pass
-        if kind != "base":
+        parsed = layout.parse(key)
+        if parsed is not None and parsed.kind == "segment" and parsed.number is not None:
+            segments[parsed.number] = key
+        elif parsed is not None and parsed.kind == "manifest" and parsed.number is not None:
+            manifests[parsed.number] = key
+        elif parsed is None or parsed.kind != "base":
             check.warnings.append(f"unexpected object {key!r}")
 
     # --- manifests ---------------------------------------------------------------------------
     try:
-        latest = store.latest_manifest(sid, inc)
+        latest = store.manifests.latest(sid, inc)
     except CorruptObjectError as exc:
         check.faults.append(str(exc))
         latest = None
@@ -175,14 +168,12 @@ def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
         if latest is not None and gen == latest.generation:
             continue
         try:
-            obj = store.options.retry.call(functools.partial(store.objects.get, key))
-        except ObjectNotFoundError:
-            continue  # deleted by GC since the listing: it was retired anyway
-        try:
-            m = Manifest.from_json(key, obj.data)
+            m = store.manifests.get(sid, inc, gen)
         except CorruptObjectError as exc:
             check.faults.append(str(exc))
             continue
+        if m is None:
+            continue  # deleted by GC since the listing: it was retired anyway
         if m.generation != gen:
             check.faults.append(f"manifest {key!r} says generation {m.generation}")
     base_entries: list[dict[str, Any]] = []
@@ -206,7 +197,7 @@ def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
                 check.faults.append(f"manifest {mkey!r} names base {bkey!r}, which does not exist")
                 continue
             try:
-                got = decode_segment(bkey, obj.data, base.get(_SHA_KEY))
+                got = decode_base_object(obj, base)
             except CorruptObjectError as exc:
                 check.faults.append(str(exc))
                 continue
@@ -224,12 +215,8 @@ def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
     # --- segments ----------------------------------------------------------------------------
     first = latest.through_seq + 1 if latest else 1
     live = sorted(s for s in segments if s >= first)
-    contiguous = 0
-    for s in live:
-        if s != first + contiguous:
-            break
-        contiguous += 1
-    if contiguous != len(live):
+    run = len(contiguous(live, first))
+    if run != len(live):
         have = set(live)
         missing = [n for n in range(first, live[-1] + 1) if n not in have]
         shown = ", ".join(str(n) for n in missing[:_SHOW]) + (" ..." if len(missing) > _SHOW else "")
@@ -237,12 +224,12 @@ def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
             f"segment gap: {len(missing)} missing between {first} and {live[-1]} ({shown}); "
             "readers stop at the gap"
         )
-    true_seq = first - 1 + contiguous
+    true_seq = first - 1 + run
     entries: list[dict[str, Any]] = list(base_entries)
     for s in live:
         obj = _get(store, segments[s])
         try:
-            entries.extend(decode_segment(segments[s], obj.data, obj.metadata.get(_SHA_KEY)))
+            entries.extend(decode_segment_object(obj, header.schema))
         except CorruptObjectError as exc:
             check.faults.append(str(exc))
     check.segments = len(live)

@@ -21,32 +21,23 @@ one job queued. Consumers (``compactor.worker``):
 The stream ID's millisecond part is the enqueue time on the Redis server: lag is measured
 from it.
 
-``redis_call`` is this package's boundary for redis-py exceptions: they become
-``store.errors`` through ``coordination.redis.translate_redis_error``, the one mapping.
+Every redis-py call goes through ``coordination.redis.redis_call``, the one mapping of
+redis-py exceptions to ``store.errors``.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import orjson
 import redis
 
-from coordination.redis import Coordinator, translate_redis_error
+from coordination.redis import Coordinator, redis_call
 from store.errors import BackendError
 
 log = logging.getLogger("sessionstore.compactor.jobs")
-
-T = TypeVar("T")
-
-
-def redis_call(fn: Callable[[], T]) -> T:
-    try:
-        return fn()
-    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
-        raise translate_redis_error(exc) from exc
 
 
 def _s(value: Any) -> str:

@@ -1,0 +1,339 @@
+"""The append path, top to bottom: validate -> CHECK -> PUT -> COMMIT -> enqueue.
+
+Writer W appends batch B to session s, optionally with an expected tail x:
+
+1. Validate B locally (``store.entries.prepare_batch``, by the caller): nothing is sent for
+   bad input.
+2. CHECK in Redis (coordination/scripts.CHECK): DUPLICATE (B was committed: return its
+   result), COLLISION, UNKNOWN_PARENT, CONFLICT (x is not the tail), BUSY (another writer
+   holds the advisory claim on the next slot: wait in Redis), HYDRATE/INCARNATION (rebuild
+   the state from the object store first, ``store/tail.py``), or OK with n = Redis's tail.
+3. PUT ``seg/<n+1>`` with If-None-Match: * and a nonce in the metadata (``_put_segment``).
+   The object store is the arbiter.
+   - taken: read the object. Our nonce: an earlier attempt of ours landed; go on to 4.
+     Someone else's: roll it forward into Redis and go back to 2, which re-checks
+     duplicates, parents and x against the new tail. Gone again: it was retired; rebuild.
+   - unknown after the retry budget: ``IndeterminateError`` (re-sending B is safe).
+4. COMMIT in Redis (``_commit``): moves the tail n -> n+1, indexes the ids, notifies
+   followers; and decides whether our segment is *live* (its slot not retired by a manifest,
+   its incarnation not ended). A writer that paused between 2 and 3 for longer than the GC
+   grace period may have re-created a retired slot: ZOMBIE, the object is deleted and we go
+   back to 2. Redis unreachable: the object store decides (``_live_by_objects``).
+5. Past a threshold of pending segments or bytes, queue one compaction job; return
+   ``AppendResult``.
+
+Failures before the PUT are plain errors (nothing was written). docs/design.md ("Pauses")
+argues why no interleaving of pauses lets an append be acknowledged that no reader sees.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from typing import Literal
+
+from coordination.redis import CheckResult, CommitResult
+from store.context import StoreContext
+from store.entries import PreparedBatch, entry_hash
+from store.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConflictError,
+    ContentionError,
+    IdCollisionError,
+    IndeterminateError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    SessionNotFoundError,
+    UnknownParentError,
+)
+from store.headers import get_after_resend
+from store.objects import StoredObject
+from store.read import Reader
+from store.records import AppendResult, Header
+from store.segments import is_ours, segment_metadata
+from store.tail import TailKeeper
+
+log = logging.getLogger("sessionstore")
+
+_INDEX_TOUCH_EVERY_S = 2.0
+
+
+class Appender:
+    def __init__(self, ctx: StoreContext, reader: Reader, tail: TailKeeper) -> None:
+        self.ctx = ctx
+        self.reader = reader
+        self.tail = tail
+        self._index_touched: dict[str, float] = {}
+
+    def append(self, sid: str, batch: PreparedBatch, expected: str | None) -> AppendResult:
+        ctx = self.ctx
+        header = ctx.headers.get(sid)
+        nonce = uuid.uuid4().hex
+        metadata = segment_metadata(nonce, batch.checksum, len(batch.ids))
+        rebuilt_for: int | None = None
+        rounds = busy = 0
+        deadline = time.monotonic() + ctx.options.max_wait_s
+        while rounds < ctx.options.max_rounds:
+            res = ctx.coord.check(
+                sid, header.incarnation, batch.ids, batch.hashes, batch.external_parents,
+                expected, nonce=nonce, claim_ms=ctx.options.claim_ms,
+            )
+            if res.code == "BUSY":
+                if time.monotonic() > deadline:
+                    break
+                busy += 1
+                _wait_behind_claim(busy, res)
+                continue
+            busy = 0
+            rounds += 1
+            if res.code in ("HYDRATE", "INCARNATION"):
+                header = self.tail.repair(sid, header, res.code)
+                continue
+            if res.code == "DUPLICATE":
+                return AppendResult(sid, res.seq, batch.last_id, len(batch.ids))
+            if res.code == "COLLISION":
+                raise IdCollisionError(sid, res.entry_id, res.detail)
+            if res.code == "CONFLICT":
+                raise ConflictError(sid, expected, res.last or None, res.seq)
+            if res.code == "UNKNOWN_PARENT":
+                # Redis may lag behind the object store (a writer died before its commit):
+                # the parent may sit in a segment it has not heard of. Roll forward once.
+                if rebuilt_for != res.seq and self.tail.roll_forward_probe(sid, header, res.seq):
+                    rebuilt_for = res.seq
+                    continue
+                raise UnknownParentError(sid, res.entry_id, res.parent_id)
+            n = res.seq
+            key = ctx.layout.segment(sid, header.incarnation, n + 1)
+            ctx.fault("append.before_put", session_id=sid, seq=n + 1)
+            outcome = self._put_segment(key, batch.body, metadata, nonce)
+            if outcome == "ours":
+                ctx.fault("append.after_put", session_id=sid, seq=n + 1)
+                if self._commit(sid, header, n, batch, key):
+                    ctx.fault("append.after_commit", session_id=sid, seq=n + 1)
+                    return AppendResult(sid, n + 1, batch.last_id, len(batch.ids))
+                # A zombie (we re-created a slot that compaction had retired), deleted
+                # again: CHECK decides anew (a duplicate, a conflict, a new slot).
+                continue
+            if outcome == "gone":
+                # Taken and then retired by compaction: Redis is far behind. Rebuild.
+                ctx.coord.forget(sid, header.incarnation)
+                continue
+            # Someone else's segment n+1: record it, then re-check against the new tail.
+            self.tail.roll_forward(sid, header, n, outcome)
+            _contention_backoff(rounds)
+        raise ContentionError(
+            f"session {sid!r}: append lost {rounds} rounds to other writers "
+            f"(or waited {ctx.options.max_wait_s:.0f} s behind their claims)"
+        )
+
+    # --- 3. PUT ------------------------------------------------------------------------------
+
+    def _put_segment(
+        self, key: str, body: bytes, metadata: dict[str, str], nonce: str
+    ) -> Literal["ours", "gone"] | StoredObject:
+        """PUT a segment. Returns "ours", "gone", or the other writer's object."""
+        ctx = self.ctx
+        attempts = 0
+
+        def put() -> None:
+            nonlocal attempts
+            attempts += 1
+            ctx.objects.put_if_absent(key, body, metadata)
+
+        try:
+            ctx.options.retry.call(put)
+            return "ours"
+        except ObjectExistsError:
+            pass
+        except BackendUnavailableError as exc:
+            return self._put_outcome_unknown(key, nonce, exc)
+        ctx.fault("append.slot_taken", key=key, attempts=attempts)
+        try:
+            if attempts > 1:
+                obj = get_after_resend(ctx.objects, ctx.options.retry, key)
+            else:
+                # Taken before our only attempt: certainly another writer's. A failure to
+                # read it is a plain error: nothing of ours was written.
+                obj = ctx.options.retry.call(lambda: ctx.objects.get(key))
+        except ObjectNotFoundError:
+            return "gone"
+        if is_ours(obj, nonce):
+            if attempts > 1:
+                log.info("segment %s: a resent PUT found our own earlier attempt", key)
+            return "ours"
+        return obj
+
+    def _put_outcome_unknown(
+        self, key: str, nonce: str, exc: Exception
+    ) -> Literal["ours"] | StoredObject:
+        """Every attempt failed in a way that leaves the outcome open. One look decides it
+        if the backend answers; otherwise the caller gets the truth: we do not know."""
+        try:
+            obj = self.ctx.objects.get(key)
+        except ObjectNotFoundError:
+            raise IndeterminateError(
+                f"segment {key!r}: the write failed and may still land ({exc}); "
+                "re-sending the same batch is safe"
+            ) from exc
+        except BackendError:
+            raise IndeterminateError(
+                f"segment {key!r}: outcome unknown ({exc}); re-sending the same batch is safe"
+            ) from exc
+        return "ours" if is_ours(obj, nonce) else obj
+
+    # --- 4. COMMIT, and is our segment live? --------------------------------------------------
+
+    def _commit(self, sid: str, header: Header, n: int, batch: PreparedBatch, key: str) -> bool:
+        """COMMIT our segment n+1 and decide whether it is live.
+
+        True: acknowledge (the segment is the one at slot n+1, or our batch was committed
+        there by a roll-forward). False: a zombie in a retired slot, deleted again; the
+        caller goes back to CHECK. ``SessionNotFoundError``: the incarnation ended (a delete)
+        before our PUT; the object has been deleted. ``IndeterminateError``: neither Redis
+        nor the object store could say.
+        """
+        ctx = self.ctx
+        for _ in range(3):
+            try:
+                res = ctx.coord.commit(
+                    sid, header.incarnation, n, batch.ids, batch.hashes,
+                    size=len(batch.body), touch_index=self._index_due(sid), own=True,
+                )
+            except BackendError as exc:
+                log.warning("segment %d of %s: Redis unavailable at commit (%s); asking the "
+                            "object store", n + 1, sid, exc)
+                return self._live_by_objects(sid, header, n + 1, batch, key)
+            if res.code == "OK":
+                self._enqueue_if_due(sid, res)
+                return True
+            if res.code == "ALREADY":
+                return True
+            if res.code == "ZOMBIE":
+                self._discard_zombie(key, sid, n + 1, "its slot was retired by compaction")
+                return False
+            if res.code == "INCARNATION":
+                self._check_incarnation(sid, header, n + 1, key)
+            # HYDRATE, BEHIND, or a stale incarnation in Redis: rebuild from the object store
+            # (which now holds our segment, unless it is a zombie) and ask again.
+            try:
+                self.tail.repair(sid, header, "HYDRATE")
+            except SessionNotFoundError:
+                self._discard_zombie(key, sid, n + 1, "the session was deleted")
+                raise
+            except BackendError as exc:
+                log.warning("segment %d of %s: rebuild failed (%s); asking the object store",
+                            n + 1, sid, exc)
+                return self._live_by_objects(sid, header, n + 1, batch, key)
+        return self._live_by_objects(sid, header, n + 1, batch, key)
+
+    def _check_incarnation(self, sid: str, header: Header, seq: int, key: str) -> None:
+        """Redis names another incarnation: ours ended (raise) or Redis's is stale (return)."""
+        try:
+            fresh = self.ctx.headers.read(sid)
+        except SessionNotFoundError:
+            self._discard_zombie(key, sid, seq, "the session was deleted")
+            raise
+        if fresh.incarnation != header.incarnation:
+            self._discard_zombie(key, sid, seq, "the session was deleted and created again")
+            raise SessionNotFoundError(sid)
+
+    def _live_by_objects(
+        self, sid: str, header: Header, seq: int, batch: PreparedBatch, key: str
+    ) -> bool:
+        """Is our segment ``seq`` live? Answered by the object store alone (Redis is down).
+
+        Live when the header still names our incarnation and no manifest covers ``seq``:
+        slots above the newest manifest are never deleted, so the object there is ours and
+        any later manifest merges it. If a manifest covers ``seq``, our batch must be in
+        the session at ``seq`` (a roll-forward merged it) or our object is a zombie.
+        """
+        ctx = self.ctx
+        try:
+            self._check_incarnation(sid, header, seq, key)
+            manifest = ctx.manifests.latest(sid, header.incarnation)
+            if manifest is None or manifest.through_seq < seq:
+                return True
+            data = self.reader.read(sid, header, use_hint=False)
+        except SessionNotFoundError:
+            self._discard_zombie(key, sid, seq, "the session was deleted")
+            raise
+        except BackendError as exc:
+            raise IndeterminateError(
+                f"segment {key!r} was written but neither Redis nor the object store could "
+                f"confirm it is live ({exc}); re-sending the same batch is safe"
+            ) from exc
+        mine = dict(zip(batch.ids, batch.hashes))
+        found = sum(
+            1
+            for entry, s in zip(data.entries, data.seqs)
+            if s == seq and mine.get(str(entry["id"])) == entry_hash(entry)
+        )
+        if found == len(mine):
+            return True
+        self._discard_zombie(key, sid, seq, "its slot was retired by compaction")
+        return False
+
+    def _discard_zombie(self, key: str, sid: str, seq: int, why: str) -> None:
+        """Delete a segment we created in a slot nobody reads. Only a zombie ever reaches
+        here: a retired slot (at most a manifest's through_seq) or an ended incarnation,
+        where no reader, writer or compactor looks, so deleting by key is safe even if
+        another zombie wrote it. Best effort: GC removes what stays."""
+        ctx = self.ctx
+        log.warning("segment %d of %s was not acknowledged: %s; deleting it", seq, sid, why)
+        ctx.fault("append.zombie", session_id=sid, seq=seq, key=key)
+        try:
+            ctx.options.retry.call(lambda: ctx.objects.delete(key))
+        except BackendError as exc:
+            log.warning("zombie segment %s left for GC (%s)", key, exc)
+
+    # --- 5. compaction trigger and session index ---------------------------------------------
+
+    def _enqueue_if_due(self, sid: str, res: CommitResult) -> None:
+        # Separate commands: the job queue and the index live in other hash slots.
+        opts = self.ctx.options
+        try:
+            if res.job_queued:
+                return
+            due = (opts.compact_after_segments > 0 and res.pending_segments >= opts.compact_after_segments) or (
+                opts.compact_after_bytes > 0 and res.pending_bytes >= opts.compact_after_bytes
+            )
+            if due:
+                # At most one job queued per session (a marker with NX); the compactor
+                # clears the marker when it takes the job.
+                self.ctx.coord.enqueue_compaction(
+                    sid, reason=f"segments={res.pending_segments} bytes={res.pending_bytes}"
+                )
+        except BackendError as exc:
+            log.warning("compaction queue not updated for %s: %s", sid, exc)
+
+    def _index_due(self, sid: str) -> bool:
+        """Bump the session index at most every few seconds per session and process: it is
+        a hint for listings, and skipping it keeps most commits to a single script call."""
+        now = time.monotonic()
+        last = self._index_touched.get(sid, -1e9)
+        if now - last < _INDEX_TOUCH_EVERY_S:
+            return False
+        self._index_touched[sid] = now
+        if len(self._index_touched) > 100_000:
+            self._index_touched.clear()
+        return True
+
+
+def _wait_behind_claim(busy: int, res: CheckResult) -> None:
+    """Another writer is PUTting segment n+1: wait for it in Redis (cheap) rather than race
+    it in the object store (a PUT and a GET lost per round). The wait grows while we stay
+    behind others, so a queue of writers does not busy-poll."""
+    pause = min(0.0005 * (2 ** min(busy, 4)), 0.008) * random.uniform(0.5, 1.5)
+    time.sleep(min(pause, res.wait_ms / 1000) if res.wait_ms > 0 else pause)
+
+
+def _contention_backoff(round_no: int) -> None:
+    if round_no == 0:
+        return
+    time.sleep(random.uniform(0, min(0.05, 0.002 * (2 ** min(round_no, 5)))))
+
+
+__all__ = ["Appender"]

@@ -1,0 +1,316 @@
+"""The read path, top to bottom: header -> newest manifest -> its bases and the segments
+after it -> the probe -> the newer-manifest check.
+
+1. Header: from the cache when Redis's tail names the same incarnation (a header never
+   changes within an incarnation), else one GET. It tells the incarnation and the fork point.
+2. Newest manifest: one LIST of ``manifest/``, then its GET (``ManifestStore.latest``).
+3. In one parallel round: the manifest's bases, the segments after it up to Redis's tail
+   hint, and the probe of the segment after the hint; the probe goes on until a 404. Without
+   a hint (Redis down or not rebuilt yet) one paginated LIST of the segments replaces it.
+4. A base or segment that answers 404 was retired by compaction meanwhile (or the session
+   was deleted): start over, a bounded number of times; the first restart re-reads the
+   header. After the probe's 404, one LIST must show no manifest newer than ours, or that
+   404 may have been a retired segment: start over (docs/design.md, "Pauses").
+5. Every object is verified as it is decoded (``store/segments.py``); ids must be unique.
+
+A fork reads the source's path root..fork point first (``fork_path``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from coordination.redis import TailState
+from store.context import StoreContext
+from store.errors import (
+    BackendError,
+    CorruptObjectError,
+    EntryNotFoundError,
+    ObjectNotFoundError,
+    SessionNotFoundError,
+)
+from store.layout import Layout
+from store.manifest import Manifest
+from store.migrations import CURRENT_SCHEMA
+from store.records import ForkPoint, Header
+from store.segments import contiguous, decode_base_object, read_segment
+
+_MAX_READ_RESTARTS = 8
+
+Entries = list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionData:
+    """Everything a read returns: the entries of the session and where each came from."""
+
+    header: Header
+    #: A fork's inherited path (root..fork point), then the session's own entries.
+    inherited: Entries
+    entries: Entries
+    #: Segment number of each own entry (parallel to ``entries``).
+    seqs: list[int]
+    seq: int
+    manifest: Manifest | None
+    #: Bytes of segments after the manifest (the compaction trigger's measure).
+    tail_bytes: int
+
+    @property
+    def all_entries(self) -> Entries:
+        return self.inherited + self.entries if self.inherited else self.entries
+
+    @property
+    def last_entry_id(self) -> str:
+        if self.entries:
+            return str(self.entries[-1]["id"])
+        if self.header.fork is not None:
+            return self.header.fork.entry_id
+        return ""
+
+
+class SegmentRetired(Exception):
+    """A segment or base vanished mid-read: compaction retired it. Start over."""
+
+
+class Reader:
+    def __init__(self, ctx: StoreContext) -> None:
+        self.ctx = ctx
+
+    def read_session(self, sid: str) -> SessionData:
+        """The session now; the cached header is used while Redis names its incarnation."""
+        ctx = self.ctx
+        state: TailState | None = None
+        header = ctx.headers.cached(sid)
+        if header is not None:
+            try:
+                state = ctx.coord.tail(sid)
+            except BackendError:
+                state = None
+            if state is None or state.inc != header.incarnation:
+                header, state = None, None
+        if header is None:
+            header = ctx.headers.read(sid)
+        with gc_paused():
+            return self.read(sid, header, use_hint=True, state=state)
+
+    def read(
+        self, sid: str, header: Header, *, use_hint: bool, state: TailState | None = None
+    ) -> SessionData:
+        inherited: Entries = self.fork_path(header.fork) if header.fork is not None else []
+        for attempt in range(_MAX_READ_RESTARTS):
+            try:
+                return self._read_once(sid, header, inherited, use_hint=use_hint, state=state)
+            except SegmentRetired:
+                state = None
+                if attempt == 0:
+                    # Objects vanished: compaction retired them, or the session was deleted
+                    # (SessionNotFoundError) or re-created under a new incarnation.
+                    fresh = self.ctx.headers.read(sid)
+                    if fresh.incarnation != header.incarnation:
+                        header = fresh
+                        inherited = self.fork_path(header.fork) if header.fork else []
+        raise CorruptObjectError(
+            self.ctx.layout.segment_prefix(sid, header.incarnation),
+            0,
+            "segments kept disappearing while reading: a gap in the session",
+        )
+
+    def _read_once(
+        self, sid: str, header: Header, inherited: Entries, *, use_hint: bool, state: TailState | None
+    ) -> SessionData:
+        ctx = self.ctx
+        inc = header.incarnation
+        manifest = ctx.manifests.latest(sid, inc)
+        ctx.fault("read.after_manifest", session_id=sid)
+        first = manifest.through_seq + 1 if manifest else 1
+        known = self._known_segments(sid, inc, first, use_hint=use_hint, state=state)
+        pool = ctx.pool
+        bases = [pool.submit(self._get_base, b) for b in (manifest.bases if manifest else ())]
+        segments = {s: pool.submit(self._get_segment, sid, inc, s, header.schema) for s in known}
+        # Speculatively, in the same round: the probe past the known tail.
+        last_known = known[-1] if known else first - 1
+        probe = pool.submit(self._get_segment, sid, inc, last_known + 1, header.schema)
+        entries, seqs = self._base_entries(manifest, bases)
+        seq, tail_bytes = self._take_segments(known, segments, entries, seqs, first - 1)
+        seq, tail_bytes = self._probe(sid, inc, header.schema, probe, entries, seqs, seq, tail_bytes)
+        # The 404 that ended the probe (or a listing that came back short) may be a segment
+        # that a newer manifest retired and GC deleted while we paused: trust it only if,
+        # *after* it, no manifest newer than ours exists (slots after the newest manifest
+        # are never deleted). Never overlapped with the probe.
+        ctx.fault("read.before_manifest_check", session_id=sid)
+        if ctx.manifests.newer_exists(sid, inc, manifest):
+            raise SegmentRetired()
+        check_unique_ids(sid, inherited, entries)
+        return SessionData(header, inherited, entries, seqs, seq, manifest, tail_bytes)
+
+    def _known_segments(
+        self, sid: str, inc: str, first: int, *, use_hint: bool, state: TailState | None
+    ) -> list[int]:
+        """Segments known to exist after the manifest: Redis's hint, else one LIST."""
+        ctx = self.ctx
+        hint = -1
+        if use_hint:
+            try:
+                if state is None:
+                    state = ctx.coord.tail(sid)
+                if state is not None and state.inc == inc:
+                    hint = state.seq
+            except BackendError:
+                hint = -1
+        if hint >= first - 1:
+            return list(range(first, hint + 1))
+        prefix = ctx.layout.segment_prefix(sid, inc)
+        start_after = ctx.layout.segment(sid, inc, first - 1) if first > 1 else None
+        listed = ctx.options.retry.call(
+            lambda: [Layout.seq_of(i.key) for i in ctx.objects.list(prefix, start_after)]
+        )
+        return contiguous(listed, first)  # a gap: stop there and let the probe decide
+
+    @staticmethod
+    def _base_entries(
+        manifest: Manifest | None, bases: list[Future[Entries]]
+    ) -> tuple[Entries, list[int]]:
+        if manifest is None:
+            return [], []
+        entries: Entries = []
+        for fut in bases:
+            entries.extend(fut.result())
+        if len(entries) != sum(manifest.seq_counts):
+            raise CorruptObjectError(
+                str(manifest.raw.get("bases")), 0,
+                "bases hold a different number of entries than the manifest says",
+            )
+        seqs: list[int] = []
+        for s, c in enumerate(manifest.seq_counts, start=1):
+            seqs.extend([s] * c)
+        return entries, seqs
+
+    @staticmethod
+    def _take_segments(
+        known: list[int],
+        futures: dict[int, Future[tuple[Entries, int] | None]],
+        entries: Entries,
+        seqs: list[int],
+        seq: int,
+    ) -> tuple[int, int]:
+        tail_bytes = 0
+        for s in known:
+            got = futures[s].result()
+            if got is None:
+                raise SegmentRetired()
+            seg_entries, size = got
+            entries.extend(seg_entries)
+            seqs.extend([s] * len(seg_entries))
+            tail_bytes += size
+            seq = s
+        return seq, tail_bytes
+
+    def _probe(
+        self,
+        sid: str,
+        inc: str,
+        schema: int,
+        first: Future[tuple[Entries, int] | None],
+        entries: Entries,
+        seqs: list[int],
+        seq: int,
+        tail_bytes: int,
+    ) -> tuple[int, int]:
+        """Segments past the known tail: writers that died before telling Redis."""
+        got = first.result()
+        while got is not None:
+            seg_entries, size = got
+            entries.extend(seg_entries)
+            seqs.extend([seq + 1] * len(seg_entries))
+            tail_bytes += size
+            seq += 1
+            got = self._get_segment(sid, inc, seq + 1, schema)
+        return seq, tail_bytes
+
+    def _get_segment(
+        self, sid: str, inc: str, seq: int, schema: int = CURRENT_SCHEMA
+    ) -> tuple[Entries, int] | None:
+        ctx = self.ctx
+        ctx.fault("read.segment", session_id=sid, seq=seq)
+        key = ctx.layout.segment(sid, inc, seq)
+        return read_segment(ctx.objects, ctx.options.retry, key, schema)
+
+    def _get_base(self, base: dict[str, Any]) -> Entries:
+        ctx = self.ctx
+        key = str(base["key"])
+        try:
+            obj = ctx.options.retry.call(lambda: ctx.objects.get(key))
+        except ObjectNotFoundError:
+            raise SegmentRetired() from None
+        return decode_base_object(obj, base)
+
+    def fork_path(self, fork: ForkPoint) -> Entries:
+        """The source's path root..fork point (which is immutable once written)."""
+        src = self.ctx.headers.read(fork.session_id)
+        if src.incarnation != fork.incarnation:
+            raise SessionNotFoundError(fork.session_id)
+        data = self.read(fork.session_id, src, use_hint=True)
+        by_id = {str(e["id"]): e for e in data.all_entries}
+        path: Entries = []
+        cur: str | None = fork.entry_id
+        seen: set[str] = set()
+        while cur:
+            entry = by_id.get(cur)
+            if entry is None or cur in seen:
+                break
+            seen.add(cur)
+            path.append(entry)
+            parent = entry.get("parentId")
+            cur = parent if isinstance(parent, str) else None
+        if not path:
+            raise EntryNotFoundError(fork.session_id, fork.entry_id)
+        path.reverse()
+        return path
+
+
+def check_unique_ids(sid: str, inherited: Entries, entries: Entries) -> None:
+    seen: set[str] = set()
+    for e in inherited:
+        seen.add(e["id"])
+    for e in entries:
+        eid = e["id"]
+        if eid in seen:
+            raise CorruptObjectError(f"sessions/{sid}", 0, f"entry id {eid!r} appears twice")
+        seen.add(eid)
+
+
+_gc_lock = threading.Lock()
+_gc_depth = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic GC while a read builds many small objects.
+
+    Parsing a large session allocates tens of thousands of dicts, which triggers full
+    collections over the whole heap (70 ms each with a 10k-entry session loaded, measured in
+    benchmarks/). Entries are trees of dicts and lists without cycles, so nothing is lost by
+    collecting once afterwards instead. Reference counting still frees everything as usual.
+    """
+    global _gc_depth, _gc_was_enabled
+    with _gc_lock:
+        if _gc_depth == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_depth += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_depth -= 1
+            if _gc_depth == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+__all__ = ["Reader", "SegmentRetired", "SessionData", "check_unique_ids", "gc_paused"]
