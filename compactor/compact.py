@@ -37,6 +37,7 @@ from typing import IO, Any, Iterator
 
 
 from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
+from compactor.gc import GarbageCollector
 from compactor.records import BaseRef, CompactionRecord, CompactionResult, GcResult
 from compactor.redaction import RedactionIndex
 from store.clock import iso_ms
@@ -110,9 +111,7 @@ class Compactor:
         self.options = options or CompactorOptions()
         self.now = now
         self.fault_hook = fault_hook
-        from compactor.gc import GarbageCollector
-
-        self._gc = GarbageCollector(self)
+        self._gc = GarbageCollector(store, self.options, now=now, fault_hook=fault_hook)
 
     @property
     def worker(self) -> str:

@@ -52,12 +52,13 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
 from compactor.records import GcResult
 from store.errors import BackendError, IndeterminateError, SessionNotFoundError, SessionStoreError
 from store.manifest import Manifest, fence_manifest
 
 if TYPE_CHECKING:
-    from compactor.compact import Compactor
+    from store.core import SessionStore
     from store.records import Header
 
 log = logging.getLogger("sessionstore.compactor.gc")
@@ -79,11 +80,28 @@ class _ManifestInfo:
 
 
 class GarbageCollector:
-    def __init__(self, compactor: "Compactor") -> None:
-        self._c = compactor
+    """GC of one store, built from what it needs (never from a compactor)."""
+
+    def __init__(
+        self,
+        store: "SessionStore",
+        options: CompactorOptions,
+        *,
+        now: Clock = wall_clock_ms,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        self.store = store
+        self.options = options
+        self.now = now
+        self.worker = options.worker
+        self._fault_hook = fault_hook
+
+    def fault(self, point: str, **ctx: object) -> None:
+        if self._fault_hook is not None:
+            self._fault_hook(point, ctx)
 
     def collect(self) -> GcResult:
-        store = self._c.store
+        store = self.store
         total = GcResult()
         sids = store.options.retry.call(
             lambda: list(store.objects.list_dirs(store.layout.sessions_prefix))
@@ -97,9 +115,9 @@ class GarbageCollector:
         return total
 
     def collect_session(self, sid: str) -> GcResult:
-        store = self._c.store
-        now = self._c.now()
-        grace = self._c.options.grace_ms
+        store = self.store
+        now = self.now()
+        grace = self.options.grace_ms
         session_prefix = store.layout.session_prefix(sid)
         listed = store.options.retry.call(lambda: [i.key for i in store.objects.list(session_prefix)])
         # After the listing: an incarnation created since has nothing in the listing.
@@ -143,7 +161,7 @@ class GarbageCollector:
     def _current(
         self, sid: str, inc: str, keys: list[str], now: int, grace: int
     ) -> tuple[list[tuple[str, str]], int]:
-        store = self._c.store
+        store = self.store
         segments: dict[int, str] = {}
         manifests: dict[int, str] = {}
         bases: list[str] = []
@@ -221,18 +239,18 @@ class GarbageCollector:
         the manifest. Without Redis no segment is deleted: they wait for the next pass.
         """
         try:
-            self._c.store.coord.retired(sid, inc, through_seq)
+            self.store.coord.retired(sid, inc, through_seq)
         except BackendError as exc:
             log.warning("segments kept: Redis unavailable to fence them",
                         extra={"session_id": sid, "error": repr(exc)})
             return False
-        self._c.fault("gc.after_fence", session_id=sid, through_seq=through_seq)
+        self.fault("gc.after_fence", session_id=sid, through_seq=through_seq)
         return True
 
     def _manifest_infos(
         self, sid: str, inc: str, latest: Manifest, listed: dict[int, str], grace: int
     ) -> list[_ManifestInfo]:
-        store = self._c.store
+        store = self.store
         # Every generation from the oldest listed up to the latest: one created after the
         # listing may name bases that the listing holds.
         low = min(listed) if listed else latest.generation
@@ -273,7 +291,7 @@ class GarbageCollector:
         for key in candidates:
             if key in live:
                 continue
-            parsed = self._c.store.layout.parse(key)
+            parsed = self.store.layout.parse(key)
             started = parsed.started_ms if parsed else None
             gen = parsed.number if parsed else None
             if started is None or gen is None or now < started + grace:
@@ -302,18 +320,18 @@ class GarbageCollector:
         bases are named: both outcomes are fine. True when ours was created (the bases are
         then garbage at once; otherwise the next pass decides from what it lists).
         """
-        store = self._c.store
+        store = self.store
         body = fence_manifest(
             session_id=sid,
             incarnation=inc,
             generation=gen,
             newest=latest,
-            worker=self._c.worker,
+            worker=self.worker,
             now_ms=now,
             grace_ms=grace,
-            history_limit=self._c.options.history_limit,
+            history_limit=self.options.history_limit,
         )
-        self._c.fault("gc.before_fence_manifest", session_id=sid, generation=gen)
+        self.fault("gc.before_fence_manifest", session_id=sid, generation=gen)
         try:
             created = store.manifests.create(sid, inc, gen, body, f"gc-fence-{uuid.uuid4().hex}")
         except (BackendError, IndeterminateError) as exc:
@@ -331,7 +349,7 @@ class GarbageCollector:
             # The old incarnation ended no later than the current header was created.
             return now >= header.created_at_ms + grace
         try:
-            seen = self._c.store.coord.gc_first_seen(sid, inc, now)
+            seen = self.store.coord.gc_first_seen(sid, inc, now)
         except BackendError as exc:
             # No mark, no deletion this time: the objects wait for a pass that has one.
             log.warning("gc mark unavailable", extra={"session_id": sid, "error": repr(exc)})
@@ -340,21 +358,21 @@ class GarbageCollector:
 
     def _forget_marks(self, sid: str, incs: list[str]) -> None:
         try:
-            self._c.store.coord.gc_forget_seen(sid, incs)
+            self.store.coord.gc_forget_seen(sid, incs)
         except BackendError as exc:
             log.warning("gc marks not cleared", extra={"session_id": sid, "error": repr(exc)})
 
     # --- deleting ----------------------------------------------------------------------------
 
     def _delete(self, sid: str, due: list[tuple[str, str]]) -> None:
-        store = self._c.store
+        store = self.store
         for kind in _KINDS:
             keys = [k for d, k in due if d == kind]
             if not keys:
                 continue
-            self._c.fault("gc.before_delete", session_id=sid, kind=kind, keys=keys)
+            self.fault("gc.before_delete", session_id=sid, kind=kind, keys=keys)
             store.options.retry.call(lambda: store.objects.delete_many(keys))
-            self._c.fault("gc.after_delete", session_id=sid, kind=kind, keys=keys)
+            self.fault("gc.after_delete", session_id=sid, kind=kind, keys=keys)
 
 
 def _info(manifest: Manifest, grace: int) -> _ManifestInfo:

@@ -439,10 +439,12 @@ class Coordinator:
 
         return self._call(go, retry=False)
 
-    def subscribe(self, sid: str) -> Any:
+    def subscribe(self, sid: str) -> "Subscription":
+        """The session's change notifications (one per committed segment). Errors of the
+        channel arrive as ``store.errors`` like every other Redis error."""
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         self._call(lambda: pubsub.subscribe(self.keys.changes(sid)))
-        return pubsub
+        return Subscription(pubsub)
 
     def purge(self) -> int:
         """Delete every key under this coordinator's prefix (tests, demos, benchmarks: never
@@ -467,3 +469,49 @@ class Coordinator:
 
     def ping(self) -> bool:
         return bool(self._call(self.client.ping))
+
+
+class Subscription:
+    """Change notifications of one session, with redis-py's errors translated.
+
+    Notifications only say *when* to look (a lost one delays a follower by its poll
+    interval, never loses an entry): what to read is always read from the object store.
+    """
+
+    def __init__(self, pubsub: Any) -> None:
+        self._pubsub = pubsub
+
+    def wait(self, timeout: float) -> int | None:
+        """Block up to ``timeout`` s for notifications. Returns the highest segment number
+        announced (0 for a notification without one), or None if none came."""
+        best: int | None = None
+
+        def drain() -> None:
+            nonlocal best
+            msg = self._pubsub.get_message(timeout=max(0.0, timeout))
+            while msg is not None:
+                if msg.get("type") == "message":
+                    try:
+                        seq = int(orjson.loads(msg["data"]).get("seq", 0))
+                    except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
+                        seq = 0
+                    best = seq if best is None else max(best, seq)
+                msg = self._pubsub.get_message(timeout=0)
+
+        try:
+            redis_call(drain)
+        except OSError as exc:
+            raise BackendUnavailableError(f"notification channel lost: {exc}") from exc
+        return best
+
+    def close(self) -> None:
+        try:
+            self._pubsub.close()
+        except Exception:  # noqa: BLE001 - closing a broken connection may fail any way
+            pass
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

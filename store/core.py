@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -24,7 +25,7 @@ import orjson
 
 from dataclasses import replace
 
-from coordination.redis import Coordinator, TailState
+from coordination.redis import Coordinator, Subscription, TailState
 from store.append import Appender
 from store.clock import iso_now
 from store.context import StoreContext
@@ -57,7 +58,7 @@ from store.tail import TailKeeper
 
 if TYPE_CHECKING:
     from store.manager import SessionManager
-    from store.session import Session
+    from store.model.session import Session
 
 log = logging.getLogger("sessionstore")
 
@@ -214,7 +215,8 @@ class SessionStore:
         """Every entry of the session in commit order (a fork's inherited path first)."""
         sid = check_session_id(session_id)
         entries = self.read_session(sid).all_entries
-        from store.session import REDACTION_TYPE, Session
+        from store.model.rules import REDACTION_TYPE
+        from store.model.session import Session
 
         if any(e.get("type") == REDACTION_TYPE for e in entries):
             # Raw readers see redactions too: the targets come back as tombstones.
@@ -228,6 +230,69 @@ class SessionStore:
     def get_tail(self, session_id: str) -> TailInfo:
         """The true tail: Redis's view, rolled forward over segments it has not heard of."""
         return self.tail.get_tail(check_session_id(session_id))
+
+    def follow(
+        self, session_id: str, *, after_seq: int | None = None, poll_s: float = 1.0
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Yield ``(seq, entry)`` for every entry committed after segment ``after_seq`` (by
+        default: after the tail when called), from any writer anywhere, as it is committed.
+
+        Notifications (Redis pub/sub) only say when to look; what is yielded is read from the
+        object store with the read path's own checks, so a lost notification (Redis
+        restarted, a dropped message) delays an entry by at most ``poll_s``, and nothing is
+        skipped or yielded twice. A session deleted and created again is followed into its
+        new life from its first segment (while it does not exist, the follower waits, like
+        ``tail -F``). Runs until the caller stops iterating.
+        """
+        sid = check_session_id(session_id)
+        sub = self._subscribe(sid)
+        try:
+            header = self.headers.read(sid)
+            last = after_seq if after_seq is not None else self.read_session(sid).seq
+            while True:
+                fresh, last = self.reader.read_after(sid, header, last)
+                if not fresh and not self._same_incarnation(sid, header):
+                    current = self._header_or_none(sid)
+                    if current is not None and current.incarnation != header.incarnation:
+                        header, last = current, 0
+                        continue
+                yield from fresh
+                if sub is None:
+                    time.sleep(poll_s)
+                    sub = self._subscribe(sid)
+                    continue
+                try:
+                    sub.wait(poll_s)
+                except BackendError:
+                    sub.close()
+                    sub = None
+        finally:
+            if sub is not None:
+                sub.close()
+
+    def _header_or_none(self, sid: str) -> Header | None:
+        """The current header; None while the session does not exist (deleted, perhaps to
+        be created again: a follower waits for it, like ``tail -F``)."""
+        try:
+            return self.headers.read(sid)
+        except SessionNotFoundError:
+            return None
+
+    def _same_incarnation(self, sid: str, header: Header) -> bool:
+        """Does Redis still name ``header``'s incarnation? (False when it cannot say.)"""
+        try:
+            state = self.coord.tail(sid)
+        except BackendError:
+            return False
+        return state is not None and state.inc == header.incarnation
+
+    def _subscribe(self, sid: str) -> Subscription | None:
+        # Subscribe before reading: anything committed after it is in that read or announced.
+        try:
+            return self.coord.subscribe(sid)
+        except BackendError as exc:
+            log.info("notifications for %s unavailable (%s): polling", sid, exc)
+            return None
 
     def hydrate(self, sid: str, header: Header | None = None) -> TailState | None:
         """Rebuild the session's Redis state from the object store (``store/tail.py``)."""
@@ -298,7 +363,7 @@ class SessionStore:
 
     def load_session(self, session_id: str) -> "Session":
         """An immutable snapshot with pi's tree, leaf, labels, name and context."""
-        from store.session import Session
+        from store.model.session import Session
 
         data = self.read_session(session_id)
         # Validated on append (or by the strict decoder), acyclic by construction.
@@ -348,7 +413,7 @@ class SessionStore:
         label in pi). Readers see the target as a tombstone (id, parentId, type, timestamp
         kept, so the tree stays whole) and the context leaves it out.
         """
-        from store.session import REDACTION_TYPE
+        from store.model.rules import REDACTION_TYPE
 
         if not isinstance(reason, str):
             raise InvalidInputError("reason must be a string")
@@ -469,7 +534,7 @@ class SessionStore:
         return "".join(self.iter_export_pi_session(session_id))
 
     def iter_export_pi_session(self, session_id: str) -> Iterator[str]:
-        from store.pi_format import export_pi_lines
+        from store.pi.export import export_pi_lines
 
         session = self.load_session(session_id)
         return export_pi_lines(session.header, session.to_pi_entries())

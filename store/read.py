@@ -249,6 +249,28 @@ class Reader:
             raise SegmentRetired() from None
         return decode_base_object(obj, base)
 
+    def read_after(self, sid: str, header: Header, last: int) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+        """Entries committed after segment ``last`` as (seq, entry), and the new last seq.
+
+        The same rules as a whole read: segments after the newest manifest, then, after the
+        404 that ends them, no manifest newer than the one we started from; otherwise (or
+        when the manifest already covers segments after ``last``) a whole read, filtered.
+        """
+        ctx = self.ctx
+        inc = header.incarnation
+        manifest = ctx.manifests.latest(sid, inc)
+        if manifest is None or manifest.through_seq <= last:
+            out: list[tuple[int, dict[str, Any]]] = []
+            seq = last
+            while (got := self._get_segment(sid, inc, seq + 1, header.schema)) is not None:
+                out.extend((seq + 1, entry) for entry in got[0])
+                seq += 1
+            if not ctx.manifests.newer_exists(sid, inc, manifest):
+                return out, seq
+        data = self.read(sid, header, use_hint=True)
+        fresh = [(s, e) for e, s in zip(data.entries, data.seqs) if s > last]
+        return fresh, max(last, data.seq)
+
     def fork_path(self, fork: ForkPoint) -> Entries:
         """The source's path root..fork point (which is immutable once written)."""
         src = self.ctx.headers.read(fork.session_id)

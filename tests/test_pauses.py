@@ -612,3 +612,55 @@ def test_a_slot_taken_before_our_only_attempt_is_not_indeterminate(
     finally:
         s3_proxy.heal()
         store.close()
+
+
+# --- followers ------------------------------------------------------------------------------
+
+
+def test_follower_yields_every_entry_once_across_compaction_gc_and_a_zombie(
+    make_store: Callable[..., SessionStore], clock: FakeClock
+) -> None:
+    """A follower that paused while the session was appended to, compacted and collected,
+    and while a paused writer re-created a retired slot (a zombie, never acknowledged),
+    yields every acknowledged entry exactly once, in order, and never the zombie's."""
+    w = make_store()
+    w.create_session("f")
+    w.append_session_entries("f", [entry("a", None)])
+    follower = make_store()
+    stream = follower.follow("f", after_seq=0, poll_s=0.05)
+    assert next(stream) == (1, w.load_session_entries("f")[0])
+    zombie_pause = Pause("append.before_put")
+    zombie_writer = make_store(fault_hook=zombie_pause)
+    late = InThread(lambda: attempt(zombie_writer, "f", [entry("late", "a")], "a"))
+    zombie_pause.wait_paused()
+    parent = "a"
+    for i in range(5):
+        w.append_session_entries("f", [entry(f"e{i}", parent)])
+        parent = f"e{i}"
+    compact_and_collect(w, clock, "f")
+    zombie_pause.release()
+    assert late.result().outcome == "conflict"
+    w.append_session_entries("f", [entry("e5", parent)])
+    got = [next(stream) for _ in range(6)]
+    stream.close()
+    assert [e["id"] for _, e in got] == ["e0", "e1", "e2", "e3", "e4", "e5"]
+    assert [s for s, _ in got] == [2, 3, 4, 5, 6, 7]
+
+
+def test_follower_follows_a_session_deleted_and_created_again(
+    make_store: Callable[..., SessionStore]
+) -> None:
+    w = make_store()
+    w.create_session("fd")
+    w.append_session_entries("fd", [entry("old", None)])
+    stream = make_store().follow("fd", poll_s=0.05)
+    result = InThread(lambda: [next(stream) for _ in range(2)])
+    time.sleep(0.3)
+    w.delete_session("fd")
+    time.sleep(0.3)  # the follower meets a session that does not exist, and waits
+    w.create_session("fd")
+    w.append_session_entries("fd", [entry("n1", None)])
+    w.append_session_entries("fd", [entry("n2", "n1")])
+    got = result.result(60)
+    stream.close()
+    assert [(s, e["id"]) for s, e in got] == [(1, "n1"), (2, "n2")]
