@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import heapq
 import os
 import re
 import threading
@@ -86,6 +87,9 @@ class ObjectStore(ABC):
     - ``list`` returns keys in lexicographic order and pages internally: it is correct past
       1,000 keys.
     - ``delete`` of a missing key is not an error.
+    - A key is never also the directory of other keys (``a/b`` beside ``a/b/c``): backends
+      that keep keys as a tree (``FileObjectStore``, SeaweedFS) refuse the second of the two
+      (``a/b`` as ``ObjectExistsError``). The store's layout never needs both.
     """
 
     #: True when put_if_absent is arbitrated by the backend itself.
@@ -115,7 +119,8 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def list_dirs(self, prefix: str) -> Iterator[str]:
-        """The distinct next path components below ``prefix`` (which ends with '/')."""
+        """The distinct next path components below ``prefix`` (which ends with '/') that
+        hold objects: directories, as S3's common prefixes (not the objects at that level)."""
 
     @abstractmethod
     def delete(self, key: str) -> None: ...
@@ -139,8 +144,9 @@ class ObjectStore(ABC):
             raise ConditionalWritesUnsupportedError(
                 f"{type(self).__name__} accepted a second create of {key!r}: it ignores "
                 "If-None-Match and cannot arbitrate concurrent writers. Use a backend with "
-                "conditional writes (AWS S3, MinIO RELEASE.2025-09-07 or later, R2, Ceph RGW) "
-                "or pass allow_unsafe_backend=True if you accept lost writes."
+                "conditional writes (AWS S3, MinIO RELEASE.2025-09-07 or later, SeaweedFS 4.18 "
+                "or later, R2, Ceph RGW) or pass allow_unsafe_backend=True if you accept lost "
+                "writes."
             )
         finally:
             self.delete(key)
@@ -193,7 +199,11 @@ class MemoryObjectStore(ObjectStore):
     def list_dirs(self, prefix: str) -> Iterator[str]:
         self._count("list")
         with self._lock:
-            names = {k[len(prefix) :].split("/", 1)[0] for k in self._objects if k.startswith(prefix)}
+            names = {
+                k[len(prefix) :].split("/", 1)[0]
+                for k in self._objects
+                if k.startswith(prefix) and "/" in k[len(prefix) :]
+            }
         yield from sorted(n for n in names if n)
 
     def delete(self, key: str) -> None:
@@ -406,6 +416,18 @@ class S3Config:
     sse_kms_key_id: str | None = None
     access_key_id: str | None = None
     secret_access_key: str | None = None
+    #: How listings are read. ``"flat"``: S3's own listing, keys in byte order (AWS, MinIO,
+    #: R2, Ceph RGW). ``"tree"``: directory by directory, for a gateway that keeps keys as a
+    #: directory tree (SeaweedFS; see :meth:`S3ObjectStore.list`). ``"auto"``: tree when the
+    #: first listing's ``Server`` header says SeaweedFS, else flat.
+    listing: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.listing not in _LISTINGS:
+            raise InvalidInputError(f"S3 listing must be one of {_LISTINGS}, not {self.listing!r}")
+
+
+_LISTINGS = ("auto", "flat", "tree")
 
 
 def parse_s3_url(url: str) -> S3Config:
@@ -458,6 +480,8 @@ class S3ObjectStore(ObjectStore):
             )
         self.client = client
         self.bucket = config.bucket
+        #: Listings read directory by directory (None: not known yet, see S3Config.listing).
+        self._tree_listing: bool | None = {"flat": False, "tree": True}.get(config.listing)
 
     def _sse_args(self) -> dict[str, str]:
         args: dict[str, str] = {}
@@ -512,42 +536,120 @@ class S3ObjectStore(ObjectStore):
         return ObjectInfo(key, int(resp.get("ContentLength", 0)))
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
-        token: str | None = None
+        """Keys in byte order, paged.
+
+        SeaweedFS keeps keys as a directory tree and lists them depth first, each directory's
+        entries by name: ``a/x`` comes before ``a-b`` there, after it on AWS ('-' and '.' sort
+        below '/'), and its ``StartAfter`` skips by that order too. Against it (``listing``
+        "tree", or "auto" once a listing's ``Server`` header said SeaweedFS) each directory is
+        listed on its own with ``Delimiter='/'`` and its entries merged in byte order, a
+        sub-directory's keys taking their place when its turn comes: the same keys in the
+        same order as AWS, for one request per directory listed.
+        """
+        if self._tree_listing is None:
+            first = self._list_page(prefix, start_after=start_after)
+            self._tree_listing = _served_by_seaweedfs(first)
+            if not self._tree_listing:
+                yield from self._list_flat(prefix, first)
+                return
+        if self._tree_listing:
+            level = prefix[: prefix.rfind("/") + 1]
+            yield from self._list_tree(level, prefix, start_after)
+        else:
+            yield from self._list_flat(prefix, self._list_page(prefix, start_after=start_after))
+
+    def _list_page(
+        self,
+        prefix: str,
+        *,
+        token: str | None = None,
+        start_after: str | None = None,
+        delimiter: str | None = None,
+        max_keys: int | None = None,
+    ) -> dict[str, Any]:
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        if token:
+            args["ContinuationToken"] = token
+        elif start_after:
+            args["StartAfter"] = start_after
+        if delimiter:
+            args["Delimiter"] = delimiter
+        if max_keys:
+            args["MaxKeys"] = max_keys
+        self._count("list")
+        try:
+            resp: dict[str, Any] = self.client.list_objects_v2(**args)
+        except Exception as exc:
+            raise _s3_error(exc, prefix) from exc
+        return resp
+
+    def _list_flat(self, prefix: str, resp: dict[str, Any]) -> Iterator[ObjectInfo]:
         while True:
-            args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
-            if token:
-                args["ContinuationToken"] = token
-            elif start_after:
-                args["StartAfter"] = start_after
-            self._count("list")
-            try:
-                resp = self.client.list_objects_v2(**args)
-            except Exception as exc:
-                raise _s3_error(exc, prefix) from exc
             for item in resp.get("Contents", []):
                 yield ObjectInfo(item["Key"], int(item.get("Size", 0)))
-            if not resp.get("IsTruncated"):
+            token = resp.get("NextContinuationToken") if resp.get("IsTruncated") else None
+            if not token:
                 return
-            token = resp.get("NextContinuationToken")
+            resp = self._list_page(prefix, token=token)
+
+    def _list_tree(self, level: str, prefix: str, start_after: str | None) -> Iterator[ObjectInfo]:
+        """The keys under ``prefix`` (which lies in directory ``level``) in byte order.
+
+        The directory is listed with ``Delimiter='/'``, in pages whose names ascend. An entry
+        sorts as its key (an object) or as ``level + name + '/'`` (a sub-directory, whose keys
+        all sort from there on, next to each other). Every later entry's name is above the
+        largest name seen so far, so everything in the heap up to ``level + that name`` is
+        final: it is emitted, a sub-directory by listing it the same way. Keys ending in '/'
+        are left out: SeaweedFS lists a directory emptied by deletes (until its cleaner
+        removes it, minutes later) as such a key, and the store never writes one.
+        """
+        heap: list[tuple[str, int, ObjectInfo | None]] = []
+        order = 0
+        token: str | None = None
+        server_start = _tree_start_after(level, start_after)
+        while True:
+            resp = self._list_page(prefix, token=token, start_after=server_start, delimiter="/")
+            bound = ""
+            for item in resp.get("Contents", []):
+                key = item["Key"]
+                bound = max(bound, key)
+                if key.endswith("/"):
+                    continue  # SeaweedFS shows an empty directory as one: no object of ours
+                if start_after is None or key > start_after:
+                    order += 1
+                    heapq.heappush(heap, (key, order, ObjectInfo(key, int(item.get("Size", 0)))))
+            for item in resp.get("CommonPrefixes", []):
+                sub = item["Prefix"]
+                bound = max(bound, sub.rstrip("/"))
+                if start_after is None or sub > start_after or start_after.startswith(sub):
+                    order += 1
+                    heapq.heappush(heap, (sub, order, None))
+            token = resp.get("NextContinuationToken") if resp.get("IsTruncated") else None
+            while heap and (not token or heap[0][0] <= bound):
+                sub, _, info = heapq.heappop(heap)
+                if info is not None:
+                    yield info
+                else:
+                    inner = start_after if start_after is not None and start_after.startswith(sub) else None
+                    yield from self._list_tree(sub, sub, inner)
             if not token:
                 return
 
     def list_dirs(self, prefix: str) -> Iterator[str]:
+        """The common prefixes below ``prefix``. SeaweedFS removes a directory its last
+        object left only minutes later (an asynchronous cleaner) and lists it meanwhile: there
+        (see :meth:`list`) each one is checked to hold an object, one request each."""
         token: str | None = None
         while True:
-            args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
-            if token:
-                args["ContinuationToken"] = token
-            self._count("list")
-            try:
-                resp = self.client.list_objects_v2(**args)
-            except Exception as exc:
-                raise _s3_error(exc, prefix) from exc
+            resp = self._list_page(prefix, token=token, delimiter="/")
+            if self._tree_listing is None:
+                self._tree_listing = _served_by_seaweedfs(resp)
             for item in resp.get("CommonPrefixes", []):
-                yield item["Prefix"][len(prefix) :].rstrip("/")
-            if not resp.get("IsTruncated"):
-                return
-            token = resp.get("NextContinuationToken")
+                sub = item["Prefix"]
+                if self._tree_listing and not self._list_page(sub, max_keys=1).get("Contents"):
+                    continue
+                yield sub[len(prefix) :].rstrip("/")
+            token = resp.get("NextContinuationToken") if resp.get("IsTruncated") else None
             if not token:
                 return
 
@@ -606,6 +708,24 @@ class _LockedSession:
     def client(self, *args: Any, **kwargs: Any) -> Any:
         with _BOTO_LOCK:
             return self._session.client(*args, **kwargs)
+
+
+def _served_by_seaweedfs(resp: Mapping[str, Any]) -> bool:
+    headers = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}) or {}
+    return str(headers.get("server", "")).lower().startswith("seaweedfs")
+
+
+def _tree_start_after(level: str, start_after: str | None) -> str | None:
+    """A ``StartAfter`` for listing directory ``level`` that skips nothing sorting after
+    ``start_after`` in byte order. The server skips by name, and a name the rest of
+    ``start_after`` continues with a character at or below '/' must still come (as a
+    sub-directory, ``n/`` sorts above ``n-x`` and holds ``n/x``): so the rest is cut one
+    character before its first such character."""
+    if start_after is None or not start_after.startswith(level):
+        return None
+    rest = start_after[len(level) :]
+    cut = next((i for i, ch in enumerate(rest) if ch <= "/"), len(rest))
+    return level + rest[: cut - 1] if cut >= 2 else None
 
 
 _TRANSIENT_CODES = {

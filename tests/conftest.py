@@ -1,24 +1,41 @@
 """Shared fixtures: real servers over real connections (never mocks of boto3 or redis-py).
 
-By default a moto S3 server (real HTTP, loopback) and a redis-server process are started once
-per session. With these environment variables set, the suite uses external servers instead
-(see infra/README.md):
+By default every test that uses S3 runs twice, once per local S3 backend (test ids ``[moto]``
+and ``[seaweedfs]``), each server started once per session: moto's S3 server (real HTTP,
+loopback, with the harness' write lock) and SeaweedFS (``weed mini``, a real object store;
+see tests/harness/seaweedfs.py). Redis is a redis-server process started once per session.
+These environment variables change that (see infra/README.md and the README):
 
-* ``SESSIONSTORE_TEST_S3_URL``, e.g. ``s3://sessions?endpoint=http://localhost:9000``:
-  each test gets a fresh unique prefix in that bucket (credentials from ``AWS_ACCESS_KEY_ID``
-  / ``AWS_SECRET_ACCESS_KEY``), removed afterwards.
+* ``SESSIONSTORE_TEST_S3_BACKENDS``: a comma-separated subset of ``moto,seaweedfs`` (default
+  both). Without a ``weed`` binary the SeaweedFS tests are skipped, except under ``CI`` (set
+  and not ``false``/``0``), where they fail.
+* ``SESSIONSTORE_TEST_S3_URL``, e.g. ``s3://sessions?endpoint=http://localhost:9000``: instead
+  of the local backends, one external S3 (test ids ``[external]``); each test gets a fresh
+  unique prefix in that bucket (credentials from ``AWS_ACCESS_KEY_ID`` /
+  ``AWS_SECRET_ACCESS_KEY``), removed afterwards.
 * ``SESSIONSTORE_TEST_REDIS_URL``, e.g. ``redis://localhost:6379/0``: no FLUSHALL; each test
   gets a fresh key prefix (``redis_prefix``) whose keys are removed afterwards.
 
+A test that needs one backend's own features says so with a marker: it runs on that backend
+only, and when the run has none of its backends it is reported as skipped, with the reason::
+
+    @pytest.mark.s3_backends("moto", reason="patches moto's in-process backend")
+
 Fixtures (scope):
 
-* ``s3_server`` (session) -> ``S3Server``; skipped when S3 is external.
-* ``s3_location`` (function) -> ``S3Location``: bucket, prefix, endpoint_url, region, url,
-  ``client()``. Local: a fresh bucket per test.
+* ``s3_backend`` (session, parametrized) -> ``"moto"``, ``"seaweedfs"`` or ``"external"``.
+* ``s3_server`` (session) -> the backend's server: ``S3Server`` (moto) or ``SeaweedServer``;
+  skipped when S3 is external. ``moto_server`` / ``seaweed_server`` (session) are the two
+  servers themselves, started on first use; ``seaweed_bucket`` (session) the one SeaweedFS
+  bucket the tests' prefixes live in.
+* ``s3_location`` (function) -> ``S3Location``: bucket, prefix, endpoint_url, region, backend,
+  url, ``client()``. moto: a fresh bucket per test. SeaweedFS: a fresh prefix per test in one
+  bucket of the session (each new SeaweedFS bucket costs a volume and ~0.2 s on its first
+  write). External: a fresh prefix in the given bucket.
 * ``s3_url`` (function) -> ``str``: ``s3://BUCKET/PREFIX?endpoint=http://127.0.0.1:PORT&region=us-east-1``.
 * ``s3_proxy`` (function) -> ``S3Proxy``: a ``TcpProxy`` in front of the S3 endpoint, with
   ``url`` (same bucket/prefix as ``s3_url``, through the proxy), ``endpoint_url``, ``client()``.
-  Works against external S3 too.
+  Works against every backend, external S3 too.
 * ``redis_server`` (session) -> ``RedisServer`` (no persistence); skipped when Redis is external.
 * ``redis_url`` (function) -> ``str``: local: FLUSHALLed before the test.
 * ``redis_prefix`` (function) -> ``str``: a fresh key prefix (``sstest-<hex>``, no trailing
@@ -48,26 +65,78 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (  # noqa: E402
     RedisServer,
     S3Server,
+    SeaweedServer,
+    SeaweedServerError,
     TcpProxy,
     find_redis_server,
+    find_weed,
     new_bucket_name,
     redis_server_version,
     s3_client,
+    weed_version,
 )
 from harness.s3_server import s3_url as _make_s3_url  # noqa: E402
 
 EXTERNAL_S3_URL = os.environ.get("SESSIONSTORE_TEST_S3_URL") or None
 EXTERNAL_REDIS_URL = os.environ.get("SESSIONSTORE_TEST_REDIS_URL") or None
 
+#: The local S3 backends, in the order their tests run.
+S3_BACKENDS = ("moto", "seaweedfs")
+
 _SKIP_EXTERNAL_REDIS = (
     "SESSIONSTORE_TEST_REDIS_URL points at an external Redis: this test needs a redis-server "
     "process of its own (to kill, pause or restart)"
 )
-_SKIP_EXTERNAL_S3 = "SESSIONSTORE_TEST_S3_URL points at an external S3: no local moto server"
+_SKIP_EXTERNAL_S3 = "SESSIONSTORE_TEST_S3_URL points at an external S3: no local S3 server"
 
 
 def _unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def selected_s3_backends() -> tuple[str, ...]:
+    """``("external",)`` with SESSIONSTORE_TEST_S3_URL, else SESSIONSTORE_TEST_S3_BACKENDS."""
+    if EXTERNAL_S3_URL:
+        return ("external",)
+    raw = os.environ.get("SESSIONSTORE_TEST_S3_BACKENDS", "")
+    names = tuple(dict.fromkeys(n.strip().lower() for n in raw.split(",") if n.strip()))
+    if not names:
+        return S3_BACKENDS
+    unknown = [n for n in names if n not in S3_BACKENDS]
+    if unknown:
+        raise pytest.UsageError(
+            f"SESSIONSTORE_TEST_S3_BACKENDS={raw!r}: unknown {unknown}; choose from {list(S3_BACKENDS)}"
+        )
+    return names
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "s3_backends(*names, reason): run only against these S3 backends (moto, seaweedfs, "
+        "external); skipped, with the reason, when the run has none of them",
+    )
+    selected_s3_backends()  # a bad SESSIONSTORE_TEST_S3_BACKENDS is a usage error up front
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that uses S3 (``s3_backend`` in its fixture closure) runs once per backend."""
+    if "s3_backend" not in metafunc.fixturenames:
+        return
+    selected = selected_s3_backends()
+    marker = metafunc.definition.get_closest_marker("s3_backends")
+    if marker is None:
+        params = [pytest.param(backend, id=backend) for backend in selected]
+    elif any(backend in marker.args for backend in selected):
+        params = [pytest.param(backend, id=backend) for backend in selected if backend in marker.args]
+    else:  # none of its backends in this run: one skipped id per backend, with the reason
+        reason = f"{', '.join(marker.args)} only: {marker.kwargs.get('reason') or 'needs that backend'}"
+        params = [pytest.param(b, id=b, marks=pytest.mark.skip(reason=reason)) for b in selected]
+    metafunc.parametrize("s3_backend", params, indirect=True, scope="session")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -79,7 +148,21 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             redis_desc = f"{binary} (v{redis_server_version(binary)})"
         except Exception as exc:  # reported again, with detail, by the fixtures
             redis_desc = f"unavailable: {exc}"
-    return [f"sessionstore S3: {EXTERNAL_S3_URL or 'local moto server'}; Redis: {redis_desc}"]
+    if EXTERNAL_S3_URL:
+        s3_desc = EXTERNAL_S3_URL
+    else:
+        parts = []
+        for backend in selected_s3_backends():
+            if backend == "seaweedfs":
+                try:
+                    binary = find_weed()
+                    parts.append(f"seaweedfs ({binary}, v{weed_version(binary)})")
+                except Exception as exc:  # reported again by the fixture
+                    parts.append(f"seaweedfs (unavailable: {exc})")
+            else:
+                parts.append(backend)
+        s3_desc = ", ".join(parts)
+    return [f"sessionstore S3: {s3_desc}; Redis: {redis_desc}"]
 
 
 # --- S3 --------------------------------------------------------------------------------------
@@ -87,9 +170,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _aws_test_environment() -> Iterator[None]:
-    """Against moto: dummy credentials in the environment, so any boto3 client the code under
-    test builds (credentials from the default chain) signs its requests, and real credentials
-    of the developer's never get used. Against external S3 the environment is left alone."""
+    """Against the local servers: dummy credentials in the environment (the ones both servers
+    accept), so any boto3 client the code under test builds (credentials from the default
+    chain) signs its requests, and real credentials of the developer's never get used.
+    Against external S3 the environment is left alone."""
     if EXTERNAL_S3_URL:
         yield
         return
@@ -112,6 +196,7 @@ class S3Location:
     region: str = "us-east-1"
     extra_query: dict[str, str] = field(default_factory=dict)
     external: bool = False
+    backend: str = "moto"  # "moto", "seaweedfs" or "external"
 
     @property
     def url(self) -> str:
@@ -130,7 +215,7 @@ class S3Location:
         return f"{self.prefix}/" if self.prefix else ""
 
     def client(self, endpoint_url: str | None = None, **kwargs: Any) -> Any:
-        """A boto3 client (moto: dummy credentials; external: the environment's)."""
+        """A boto3 client (local servers: dummy credentials; external: the environment's)."""
         if self.external:
             kwargs.setdefault("access_key_id", None)
         return s3_client(endpoint_url or self.endpoint_url, region=self.region, **kwargs)
@@ -147,11 +232,18 @@ def _parse_external_s3(url: str) -> S3Location:
     region = query.pop("region", None) or os.environ.get("AWS_REGION") or "us-east-1"
     base = urllib.parse.unquote(parsed.path).strip("/")
     prefix = "/".join(p for p in (base, _unique("sstest")) if p)
-    return S3Location(parsed.netloc, prefix, endpoint, region, query, external=True)
+    return S3Location(parsed.netloc, prefix, endpoint, region, query, external=True, backend="external")
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
+def s3_backend(request: pytest.FixtureRequest) -> str:
+    """The S3 backend of this test's run (parametrized by pytest_generate_tests)."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[S3Server]:
+    """moto's S3 server (with the harness' write lock), started on first use."""
     if EXTERNAL_S3_URL:
         pytest.skip(_SKIP_EXTERNAL_S3)
     server = S3Server().start()
@@ -161,16 +253,61 @@ def s3_server() -> Iterator[S3Server]:
         server.stop()
 
 
-@pytest.fixture
-def s3_location(request: pytest.FixtureRequest) -> Iterator[S3Location]:
+@pytest.fixture(scope="session")
+def seaweed_server() -> Iterator[SeaweedServer]:
+    """SeaweedFS (``weed mini``), started on first use."""
     if EXTERNAL_S3_URL:
+        pytest.skip(_SKIP_EXTERNAL_S3)
+    try:
+        binary = find_weed()
+    except SeaweedServerError as exc:
+        if _in_ci():
+            pytest.fail(f"CI: the SeaweedFS tests must run, and {exc}", pytrace=False)
+        pytest.skip(f"SeaweedFS tests skipped: {exc} (SESSIONSTORE_TEST_S3_BACKENDS=moto runs moto only)")
+    server = SeaweedServer(binary=binary).start()
+    try:
+        yield server
+    finally:
+        server.close()
+        if server.crashed:  # pragma: no cover - shows up next to the failures it caused
+            print(f"\nSeaweedFS died during the session; its log: {server.log_path}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def seaweed_bucket(seaweed_server: SeaweedServer) -> str:
+    """The one SeaweedFS bucket of the session (tests get fresh prefixes in it)."""
+    return seaweed_server.create_bucket(new_bucket_name("sstest-weed"))
+
+
+_SERVER_FIXTURES = {"moto": "moto_server", "seaweedfs": "seaweed_server"}
+
+
+@pytest.fixture(scope="session")
+def s3_server(s3_backend: str, request: pytest.FixtureRequest) -> S3Server | SeaweedServer:
+    """The local server of this test's backend; skipped when S3 is external."""
+    if s3_backend == "external":
+        pytest.skip(_SKIP_EXTERNAL_S3)
+    server: S3Server | SeaweedServer = request.getfixturevalue(_SERVER_FIXTURES[s3_backend])
+    return server
+
+
+@pytest.fixture
+def s3_location(s3_backend: str, request: pytest.FixtureRequest) -> Iterator[S3Location]:
+    if s3_backend == "external":
+        assert EXTERNAL_S3_URL
         location = _parse_external_s3(EXTERNAL_S3_URL)
         yield location
         _delete_prefix(location)
         return
-    server: S3Server = request.getfixturevalue("s3_server")
-    bucket = server.create_bucket(new_bucket_name())
-    yield S3Location(bucket, _unique("p"), server.endpoint_url, server.region)
+    # By name, not through ``s3_server``: a module may shadow that fixture (test_harness.py).
+    if s3_backend == "seaweedfs":
+        weed: SeaweedServer = request.getfixturevalue("seaweed_server")
+        bucket: str = request.getfixturevalue("seaweed_bucket")
+        yield S3Location(bucket, _unique("p"), weed.endpoint_url, weed.region, backend="seaweedfs")
+        return
+    moto: S3Server = request.getfixturevalue("moto_server")
+    bucket = moto.create_bucket(new_bucket_name())
+    yield S3Location(bucket, _unique("p"), moto.endpoint_url, moto.region, backend="moto")
 
 
 def _delete_prefix(location: S3Location) -> None:

@@ -1,8 +1,10 @@
-"""Tests of the test harness itself: RedisServer, S3Server (+ moto write lock), TcpProxy.
+"""Tests of the test harness itself: RedisServer, S3Server (+ moto write lock), SeaweedServer,
+TcpProxy.
 
 They start servers of their own, so they run the same with or without the SESSIONSTORE_TEST_*
 variables, except the few that exercise conftest's env-dependent fixtures (``private_redis``
-skips against an external Redis; ``s3_proxy``/``s3_location`` then use the external S3).
+skips against an external Redis; ``s3_proxy``/``s3_location`` run once per S3 backend, or
+against the external S3; the SeaweedFS ones follow SESSIONSTORE_TEST_S3_BACKENDS).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from harness import (
     RedisServer,
     RedisServerError,
     S3Server,
+    SeaweedServer,
+    SeaweedServerError,
     TcpProxy,
     find_redis_server,
     moto_write_lock_bypassed,
@@ -57,7 +61,10 @@ def _status(exc_or_resp: Any) -> int:
 
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[S3Server]:
-    """This module's own moto server (shadows conftest's, which skips against external S3)."""
+    """This module's own moto server, whatever the run's S3 backends (it shadows conftest's
+    ``s3_server``): the tests that use it check moto's own features (the write lock,
+    ``moto_write_lock_bypassed``, patches of its in-process backend, the moto-api reset), or
+    need any HTTP server to put a TcpProxy in front of."""
     with S3Server() as server:
         yield server
 
@@ -378,6 +385,113 @@ def test_fixtures_give_a_fresh_location_per_test(s3_url: str, s3_location: Any, 
     r.close()
 
 
+# === SeaweedServer ============================================================================
+
+seaweedfs_only = pytest.mark.s3_backends("seaweedfs", reason="tests the SeaweedFS harness")
+
+
+def _code(exc: botocore.exceptions.ClientError) -> str:
+    return str(exc.response["Error"]["Code"])
+
+
+@seaweedfs_only
+def test_seaweed_checks_signatures_and_refuses_missing_buckets(s3_backend: str, seaweed_server: SeaweedServer) -> None:
+    client = seaweed_server.client()
+    bucket = seaweed_server.create_bucket()
+    assert _status(client.put_object(Bucket=bucket, Key="k", Body=b"one", IfNoneMatch="*")) == 200
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        client.put_object(Bucket=bucket, Key="k", Body=b"two", IfNoneMatch="*")
+    assert (_status(info.value), _code(info.value)) == (412, "PreconditionFailed")
+    assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == b"one"
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        seaweed_server.client(secret_access_key="wrong").get_object(Bucket=bucket, Key="k")
+    assert _code(info.value) == "SignatureDoesNotMatch"
+    # -s3.autoCreateBucket=false: the admin identity's write does not create the bucket
+    missing = f"missing-{uuid.uuid4().hex[:12]}"
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        client.put_object(Bucket=missing, Key="k", Body=b"x", IfNoneMatch="*")
+    assert (_status(info.value), _code(info.value)) == (404, "NoSuchBucket")
+    assert missing not in [b["Name"] for b in client.list_buckets()["Buckets"]]
+
+
+@seaweedfs_only
+def test_seaweed_conditional_put_race_has_exactly_one_winner(s3_backend: str, seaweed_server: SeaweedServer) -> None:
+    """No lock of ours: SeaweedFS arbitrates racing If-None-Match creates on its own."""
+    writers = 8
+    client = seaweed_server.client(max_pool_connections=writers)
+    bucket = seaweed_server.create_bucket()
+    for round_no in range(3):
+        barrier = threading.Barrier(writers)
+
+        def put(i: int, key: str = f"race-{round_no}") -> int:
+            barrier.wait()
+            try:
+                return _status(client.put_object(Bucket=bucket, Key=key, Body=str(i).encode(), IfNoneMatch="*"))
+            except botocore.exceptions.ClientError as exc:
+                return _status(exc)
+
+        with ThreadPoolExecutor(writers) as pool:
+            statuses = list(pool.map(put, range(writers)))
+        assert sorted(statuses) == [200] + [412] * (writers - 1), statuses
+
+
+@seaweedfs_only
+def test_seaweed_close_reaps_and_cleans_up(s3_backend: str, seaweed_server: SeaweedServer) -> None:
+    import glob
+
+    server = SeaweedServer(binary=seaweed_server.binary).start()
+    pid, directory, ports = server.pid, server.dir, dict(server.ports)
+    assert pid is not None and _alive(pid)
+    assert len(set(ports.values())) == len(ports) and ports["admin.grpc"] == ports["admin"] + 10000
+    bucket = server.create_bucket()
+    server.client().put_object(Bucket=bucket, Key="k", Body=b"x")
+    assert "weed" in open(server.log_path).read(4096)
+    server.close()
+    assert not _alive(pid)
+    assert not os.path.exists(directory)
+    assert not [p for port in ports.values() for p in glob.glob(f"/tmp/seaweedfs-*-grpc-{port}.sock")]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", ports["s3"]), timeout=1).close()
+    assert not server.crashed
+
+
+def test_seaweed_start_failure_reports_and_keeps_the_log() -> None:
+    import shutil
+
+    server = SeaweedServer(binary="/bin/false", startup_timeout=10)
+    try:
+        with pytest.raises(SeaweedServerError) as info:
+            server.start()
+        message = str(info.value)
+        assert "exited with code 1" in message and server.log_path in message
+        assert not server.running
+        server.close()
+        assert os.path.exists(server.log_path), "the log of a failed start is kept"
+    finally:
+        shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("ci", ["true", ""], ids=["ci", "local"])
+def test_seaweed_missing_binary_fails_in_ci_and_skips_locally(ci: str) -> None:
+    """Without weed, the SeaweedFS tests are skipped locally, but under CI they fail."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_TEST_") and k != "CI"}
+    env.update(SESSIONSTORE_WEED="/nonexistent/weed", SESSIONSTORE_TEST_S3_BACKENDS="seaweedfs", CI=ci)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+         os.path.join(tests_dir, "test_objects.py"), "-k", "TestS3ObjectStore and test_empty_object"],
+        cwd=os.path.dirname(tests_dir), env=env, capture_output=True, text=True, timeout=120,
+    )
+    out = result.stdout + result.stderr
+    if ci:
+        assert result.returncode == 1 and "1 error" in out and "CI: the SeaweedFS tests must run" in out, out
+    else:
+        assert result.returncode == 0 and "1 skipped" in out and "SESSIONSTORE_WEED" in out, out
+
+
 # === TcpProxy =================================================================================
 
 
@@ -580,7 +694,8 @@ def test_proxy_stop_closes_everything(s3_server: S3Server, bucket: str) -> None:
 
 
 def test_s3_proxy_fixture_drop_and_heal(s3_proxy: Any, s3_location: Any) -> None:
-    """conftest's s3_proxy (moto locally, or the external S3 from SESSIONSTORE_TEST_S3_URL)."""
+    """conftest's s3_proxy (moto and SeaweedFS locally, or the external S3 from
+    SESSIONSTORE_TEST_S3_URL)."""
     assert s3_proxy.url.startswith(f"s3://{s3_location.bucket}/{s3_location.prefix}?endpoint={s3_proxy.endpoint_url}")
     through_proxy = s3_proxy.client()
     direct = s3_location.client()

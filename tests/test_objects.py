@@ -1,15 +1,17 @@
 """One contract for every ObjectStore; each backend's test class subclasses it.
 
-The S3 class runs against the S3 server over real HTTP (moto's ThreadedMotoServer, or MinIO
-when SESSIONSTORE_TEST_S3_URL is set).
+The S3 classes run against every S3 backend of the session over real HTTP (moto's
+ThreadedMotoServer and SeaweedFS, or MinIO / AWS when SESSIONSTORE_TEST_S3_URL is set).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import uuid
+from dataclasses import replace
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import pytest
 
@@ -88,6 +90,37 @@ class ObjectStoreContract:
             objects.put_if_absent(f"{prefix}{name}", b"1")
         assert list(objects.list_dirs(f"{prefix}s/")) == ["x", "y", "z1"]
         assert list(objects.list_dirs(f"{prefix}nothing/")) == []
+
+    #: Names where directory order and byte order part: '-' and '.' sort below '/', so on
+    #: AWS ``a-x/h`` and ``a.y/h`` come before ``a/...``, while a store that keeps a directory
+    #: tree and lists it depth first (SeaweedFS) would put ``a/...`` first.
+    TRICKY = ["s/a/h", "s/a-x/h", "s/a.y/h", "s/a=z/h", "s/a_w/h", "s/a0/h", "s/A/h",
+              "s/a/b/c", "s/a/b-c", "s/a/b.d", "s/a/bc", "s/a/b0/x", "s/a-x/h-1"]
+
+    def test_list_is_in_byte_order_across_directories(self, objects: ObjectStore, prefix: str) -> None:
+        for name in self.TRICKY:
+            objects.put_if_absent(f"{prefix}{name}", name.encode())
+        keys = sorted(f"{prefix}{n}" for n in self.TRICKY)
+        assert [i.key for i in objects.list(f"{prefix}s/")] == keys
+        assert [i.key for i in objects.list(f"{prefix}s/a")] == [k for k in keys if k.startswith(f"{prefix}s/a")]
+        assert [i.key for i in objects.list(f"{prefix}s/a/b")] == [k for k in keys if k.startswith(f"{prefix}s/a/b")]
+        for after in ["s/a", "s/a/", "s/a/b", "s/a/b-c", "s/a/b/", "s/a/bc", "s/a-x", "s/a-x/h",
+                      "s/a.y/h", "s/a/h", "s/A/h", "s/a0", "s/", "s/zzz", "r"]:
+            got = [i.key for i in objects.list(f"{prefix}s/", start_after=f"{prefix}{after}")]
+            assert got == [k for k in keys if k > f"{prefix}{after}"], after
+        assert sorted(objects.list_dirs(f"{prefix}s/")) == ["A", "a", "a-x", "a.y", "a0", "a=z", "a_w"]
+        assert list(objects.list_dirs(f"{prefix}s/a/")) == ["b", "b0"]
+
+    def test_list_dirs_leaves_out_a_directory_whose_objects_are_gone(self, objects: ObjectStore, prefix: str) -> None:
+        for name in ["s/x/1", "s/x/sub/2", "s/y/1", "s/z/1"]:
+            objects.put_if_absent(f"{prefix}{name}", b"1")
+        objects.delete(f"{prefix}s/x/1")
+        objects.delete_many([f"{prefix}s/x/sub/2", f"{prefix}s/z/1"])
+        assert list(objects.list_dirs(f"{prefix}s/")) == ["y"]
+        assert [i.key for i in objects.list(f"{prefix}s/")] == [f"{prefix}s/y/1"]
+        # The names are free again (delete_session relies on it).
+        objects.put_if_absent(f"{prefix}s/x/1", b"2")
+        assert list(objects.list_dirs(f"{prefix}s/")) == ["x", "y"]
 
     def test_list_pages_past_one_thousand_keys(self, objects: ObjectStore, prefix: str) -> None:
         keys = [f"{prefix}many/{i:06d}" for i in range(1105)]
@@ -235,6 +268,50 @@ class TestS3ObjectStore(ObjectStoreContract):
     @pytest.fixture
     def prefix(self, s3_url: str) -> str:
         return s3_prefix_of(s3_url)
+
+    def test_listing_mode_follows_the_server(self, objects: S3ObjectStore, prefix: str, s3_backend: str) -> None:
+        """SeaweedFS is listed directory by directory (see S3ObjectStore.list), others flat."""
+        assert objects._tree_listing is None
+        objects.put_if_absent(f"{prefix}k", b"1")
+        assert [i.key for i in objects.list(prefix)] == [f"{prefix}k"]
+        assert objects._tree_listing is (s3_backend == "seaweedfs")
+
+    def test_missing_bucket_is_refused_not_created(self, s3_location: Any) -> None:
+        from store.errors import BackendRefusedError
+
+        missing = S3ObjectStore(parse_s3_url(
+            f"s3://no-such-bucket-{uuid.uuid4().hex[:12]}/p?endpoint={s3_location.endpoint_url}&region={s3_location.region}"
+        ))
+        try:
+            for attempt in (lambda: missing.put_if_absent("p/k", b"1"), lambda: missing.get("p/k"),
+                            lambda: list(missing.list("p/")), lambda: list(missing.list_dirs("p/")),
+                            lambda: missing.delete("p/k"), lambda: missing.delete_many(["p/k"])):
+                with pytest.raises(BackendRefusedError, match="bucket does not exist"):
+                    attempt()
+            assert missing.head("p/k") is None  # HEAD has no body: S3 cannot say which is missing
+        finally:
+            missing.close()
+
+
+class TestS3TreeListing(ObjectStoreContract):
+    """The directory-by-directory listing SeaweedFS needs, on every backend: it must read
+    the same keys in the same order as S3's own listing (moto's is AWS's byte order)."""
+
+    @pytest.fixture
+    def objects(self, s3_url: str) -> Iterator[ObjectStore]:
+        store = S3ObjectStore(replace(parse_s3_url(s3_url), listing="tree"))
+        yield store
+        store.close()
+
+    @pytest.fixture
+    def prefix(self, s3_url: str) -> str:
+        return s3_prefix_of(s3_url)
+
+    # Only the listing part of the contract: the rest does not depend on the listing mode.
+    for _name in list(vars(ObjectStoreContract)):
+        if _name.startswith("test_") and "list" not in _name and "probe" not in _name:
+            locals()[_name] = None
+    del _name
 
 
 class LyingObjectStore(MemoryObjectStore):

@@ -3,7 +3,9 @@
 * :class:`RedisServer` runs a real ``redis-server`` process on a free loopback port.
 * :class:`S3Server` runs moto's S3 server over real HTTP on a free loopback port, with a
   process-wide lock that makes moto's conditional writes atomic.
-* :class:`TcpProxy` sits in front of either and injects network faults.
+* :class:`SeaweedServer` runs SeaweedFS (``weed mini``: a real object store whose conditional
+  writes are atomic on their own) on free loopback ports.
+* :class:`TcpProxy` sits in front of any of them and injects network faults.
 
 Nothing here mocks boto3 or redis-py.
 """
@@ -18,17 +20,22 @@ from .s3_server import (
     new_bucket_name,
     s3_client,
 )
+from .seaweedfs import SeaweedServer, SeaweedServerError, find_weed, weed_version
 
 __all__ = [
     "RedisServer",
     "RedisServerError",
     "S3Server",
+    "SeaweedServer",
+    "SeaweedServerError",
     "TcpProxy",
     "find_redis_server",
+    "find_weed",
     "redis_server_version",
     "install_moto_write_lock",
     "moto_write_lock",
     "moto_write_lock_bypassed",
     "new_bucket_name",
     "s3_client",
+    "weed_version",
 ]

@@ -159,6 +159,7 @@ class S3Server:
         self.port = port
         self.region = region
         self._server: Any = None
+        self._client: Any = None
 
     @property
     def endpoint_url(self) -> str:
@@ -189,6 +190,7 @@ class S3Server:
         return self
 
     def stop(self) -> None:
+        self._client = None
         server, self._server = self._server, None
         if server is None:
             return
@@ -210,7 +212,9 @@ class S3Server:
 
     def create_bucket(self, name: str | None = None) -> str:
         name = name or new_bucket_name()
-        self.client().create_bucket(Bucket=name)
+        if self._client is None:  # building a client costs ~0.4 s (boto3 loads its model)
+            self._client = self.client()
+        self._client.create_bucket(Bucket=name)
         return name
 
     def url_for(self, bucket: str, prefix: str = "", endpoint_url: str | None = None) -> str:
