@@ -232,7 +232,12 @@ class SessionStore:
         return self.tail.get_tail(check_session_id(session_id))
 
     def follow(
-        self, session_id: str, *, after_seq: int | None = None, poll_s: float = 1.0
+        self,
+        session_id: str,
+        *,
+        after_seq: int | None = None,
+        poll_s: float = 1.0,
+        timeout_s: float | None = None,
     ) -> Iterator[tuple[int, dict[str, Any]]]:
         """Yield ``(seq, entry)`` for every entry committed after segment ``after_seq`` (by
         default: after the tail when called), from any writer anywhere, as it is committed.
@@ -242,9 +247,10 @@ class SessionStore:
         restarted, a dropped message) delays an entry by at most ``poll_s``, and nothing is
         skipped or yielded twice. A session deleted and created again is followed into its
         new life from its first segment (while it does not exist, the follower waits, like
-        ``tail -F``). Runs until the caller stops iterating.
+        ``tail -F``). Runs until the caller stops iterating, or ``timeout_s`` has passed.
         """
         sid = check_session_id(session_id)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         sub = self._subscribe(sid)
         try:
             header = self.headers.read(sid)
@@ -257,12 +263,17 @@ class SessionStore:
                         header, last = current, 0
                         continue
                 yield from fresh
+                wait = poll_s
+                if deadline is not None:
+                    wait = min(wait, deadline - time.monotonic())
+                    if wait <= 0:
+                        return
                 if sub is None:
-                    time.sleep(poll_s)
+                    time.sleep(wait)
                     sub = self._subscribe(sid)
                     continue
                 try:
-                    sub.wait(poll_s)
+                    sub.wait(wait)
                 except BackendError:
                     sub.close()
                     sub = None

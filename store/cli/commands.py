@@ -476,38 +476,13 @@ def cmd_import(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def cmd_follow(args: argparse.Namespace, ctx: Ctx) -> int:
-    """Print entries as they are committed, from any writer anywhere.
-
-    Notifications only say *when* to look; what to print is always read from the object
-    store, from the segment after the last one printed. So a lost notification (Redis
-    restarted, a pub/sub message dropped, a writer that died between its segment and its
-    commit) delays an entry by at most one poll interval, and never loses it.
-    """
-    import redis
-
-    from store.entries import decode_segment
-
+    """Print entries as they are committed, from any writer anywhere (``SessionStore.follow``:
+    notifications only say when to look, so a lost one delays an entry by at most ``--poll``
+    and never loses it; a session deleted and created again is followed into its new life)."""
     store = ctx.store
     sid = check_session_id(args.session)
     poll = max(0.05, args.poll)
-    pubsub: Any = None
-    next_subscribe = 0.0
-
-    def subscribe() -> None:
-        nonlocal pubsub, next_subscribe
-        try:
-            pubsub = store.coord.subscribe(sid)
-        except BackendError as exc:
-            pubsub = None
-            next_subscribe = time.monotonic() + 5 * poll
-            err(f"sessionstore: notifications unavailable ({exc}); polling every {poll:g} s")
-
-    # Subscribe before the first read: anything committed after it is either in that read or
-    # announced (and the poll catches it regardless).
-    subscribe()
     data = store.read_session(sid)
-    inc = data.header.incarnation
-    printed = 0
     limit = args.count
 
     def emit(entry: dict[str, Any], seq: int) -> None:
@@ -517,90 +492,24 @@ def cmd_follow(args: argparse.Namespace, ctx: Ctx) -> int:
             sys.stdout.write(f"{seq:>6}  {str(entry.get('id'))[:16]:<16}  {summarize(entry)}\n")
         sys.stdout.flush()
 
-    own_seqs = list(data.seqs)
     backlog: list[tuple[dict[str, Any], int]] = [(e, 0) for e in data.inherited]
-    backlog += list(zip(data.entries, own_seqs, strict=True))
+    backlog += list(zip(data.entries, data.seqs, strict=True))
     if not args.from_start:
         backlog = backlog[len(backlog) - args.lines :] if args.lines > 0 else []
     for entry, seq in backlog:
         emit(entry, seq)
-    last = data.seq
-    err(f"following {sid} after segment {last} (Ctrl-C to stop)")
-    hint = last
-    deadline = None if args.timeout is None else time.monotonic() + args.timeout
-
-    def read_new() -> int:
-        """Print segments after ``last``; returns how many entries were printed."""
-        nonlocal last, hint, inc
-        n = 0
-        while True:
-            key = store.layout.segment(sid, inc, last + 1)
-            try:
-                obj = store.options.retry.call(functools.partial(store.objects.get, key))
-            except ObjectNotFoundError:
-                if hint <= last:
-                    return n
-                # Announced but absent: compaction merged it and GC retired it, or the session
-                # was deleted and created again. Read the whole session to find out.
-                header = store.get_header(sid)
-                if header.incarnation != inc:
-                    err(f"sessionstore: {sid} was deleted and created again; following the new one")
-                    inc, last, hint = header.incarnation, 0, 0
-                    continue
-                fresh = store.read_session(sid)
-                for entry, seq in zip(fresh.entries, fresh.seqs, strict=True):
-                    if seq > last:
-                        emit(entry, seq)
-                        n += 1
-                last = max(last, fresh.seq)
-                hint = last
-                continue
-            for entry in decode_segment(key, obj.data, obj.metadata.get("sha256")):
-                emit(entry, last + 1)
-                n += 1
-            last += 1
-            hint = max(hint, last)
-
+    err(f"following {sid} after segment {data.seq} (Ctrl-C to stop)")
+    printed = 0
+    stream = store.follow(sid, after_seq=data.seq, poll_s=poll, timeout_s=args.timeout)
     try:
-        while True:
-            printed += read_new()
+        for seq, entry in stream:
+            emit(entry, seq)
+            printed += 1
             if limit is not None and printed >= limit:
-                return Exit.OK
-            wait = poll
-            if deadline is not None:
-                wait = min(wait, deadline - time.monotonic())
-                if wait <= 0:
-                    return Exit.OK
-            if pubsub is None and time.monotonic() >= next_subscribe:
-                subscribe()
-            if pubsub is None:
-                time.sleep(wait)
-                continue
-            try:
-                # Coordinator.subscribe hands out redis-py's PubSub, so its errors arrive
-                # untranslated here; any of them just means "fall back to polling".
-                msg = pubsub.get_message(timeout=wait)
-                while msg is not None:
-                    if msg.get("type") == "message":
-                        try:
-                            hint = max(hint, int(orjson.loads(msg["data"]).get("seq", 0)))
-                        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
-                            hint = max(hint, last + 1)
-                    msg = pubsub.get_message(timeout=0)
-            except (redis.exceptions.RedisError, OSError) as exc:
-                err(f"sessionstore: lost the notification channel ({exc}); polling every {poll:g} s")
-                try:
-                    pubsub.close()
-                except Exception:
-                    pass
-                pubsub = None
-                next_subscribe = time.monotonic() + 5 * poll
+                break
     finally:
-        if pubsub is not None:
-            try:
-                pubsub.close()
-            except Exception:
-                pass
+        stream.close()
+    return Exit.OK
 
 
 # --- compaction ----------------------------------------------------------------------------------
