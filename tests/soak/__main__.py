@@ -59,6 +59,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--aimed-interval", type=float, default=d.aimed_interval_s,
                    help="mean seconds between two self-pauses of a writer at a protocol point, 0 for none "
                         "(default %(default)s)")
+    p.add_argument("--pace", type=float, default=d.pace_s,
+                   help="mean seconds a writer waits between two appends, 0 for none (default %(default)s)")
     p.add_argument("--faults", default="",
                    help="comma-separated fault kinds to inject (default: all the backend supports; none for none): "
                         + ", ".join(FAULT_KINDS))
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         compactors=args.compactors, sessions=args.sessions, grace_ms=args.grace_ms,
         gc_interval_ms=args.gc_interval_ms, compact_after=args.compact_after,
         max_segments=args.max_segments, backend=args.backend,
-        fault_interval_s=args.fault_interval, aimed_interval_s=args.aimed_interval,
+        fault_interval_s=args.fault_interval, aimed_interval_s=args.aimed_interval, pace_s=args.pace,
         faults=[k.strip() for k in args.faults.split(",") if k.strip()], workdir=args.workdir,
     )
     if cfg.writers < 1 or cfg.sessions < 1 or cfg.duration_s <= 0:

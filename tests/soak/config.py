@@ -54,6 +54,9 @@ class SoakConfig:
     fault_interval_s: float = 1.5
     #: Mean seconds between two aimed pauses of one writer (0: none).
     aimed_interval_s: float = 10.0
+    #: Each writer waits between 0 and twice this long between two appends (0: back to back,
+    #: for long runs that count appends by the hundred thousand).
+    pace_s: float = 0.15
     #: Kinds the nemesis may inject (default: every kind the backend supports).
     faults: list[str] = field(default_factory=list)
     #: Process pauses (SIGSTOP) last between grace + pause_min_extra_s and

@@ -217,7 +217,8 @@ def reader(cfg: SoakConfig, index: int, restart: int) -> int:
         record["t0"] = t0
         record["t1"] = _now()
         log.emit(**record)
-        time.sleep(rng.uniform(0.05, 0.25))
+        if cfg.pace_s > 0:
+            time.sleep(rng.uniform(0, 2 * cfg.pace_s))
     store.close()
     log.close()
     return 0

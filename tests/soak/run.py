@@ -193,7 +193,7 @@ def _judge(cfg: SoakConfig, workdir: Path, fleet: Fleet, nemesis: Nemesis, notes
         "ok": verdict.broken == 0,
         "config": {k: getattr(cfg, k) for k in ("seed", "backend", "duration_s", "writers", "readers",
                                                  "compactors", "sessions", "grace_ms", "gc_interval_ms",
-                                                 "compact_after", "fault_interval_s", "aimed_interval_s")},
+                                                 "compact_after", "fault_interval_s", "aimed_interval_s", "pace_s")},
         "workdir": str(workdir),
         "operations": {
             "total": verdict.operations,
