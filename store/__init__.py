@@ -23,14 +23,14 @@ if TYPE_CHECKING:
         StoreOptions,
         TailInfo,
     )
-    from store.session import Session
+    from store.model.session import Session
 
 _LAZY = {
     "SessionStore": "store.core",
     "SessionHandle": "store.core",
     "SessionData": "store.core",
     "SessionManager": "store.manager",
-    "Session": "store.session",
+    "Session": "store.model.session",
     "AppendResult": "store.records",
     "TailInfo": "store.records",
     "SessionInfo": "store.records",

@@ -11,9 +11,10 @@ non-canonical JSON.
 Strings may hold lone UTF-16 surrogates (JavaScript writes ``"\\ud83d"`` when a tool's output is
 cut inside an emoji, and pi reads it back). orjson refuses them both ways, so
 :func:`encode_json` writes them as ``JSON.stringify`` does (lowercase ``\\udXXX`` escapes) and
-the decoders read such lines with the standard library's parser: orjson stays on the path
-of every other entry, and a line holding an escape is still refused if its bytes are not
-valid UTF-8 or not exactly what :func:`encode_json` writes.
+the decoders read such lines with the standard library's parser (both defined in
+:mod:`store.model.js_json`, and importable from here): orjson stays on the path of every other
+entry, and a line holding an escape is still refused if its bytes are not valid UTF-8 or not
+exactly what :func:`encode_json` writes.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import orjson
 
 from store.errors import BatchTooLargeError, CorruptObjectError, InvalidEntryError
-from store.session import validate_entry
+from store.model.js_json import decode_json, encode_json
+from store.model.rules import validate_entry
 
 MAX_ID_LENGTH = 256
 DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
@@ -38,123 +39,6 @@ DEFAULT_MAX_BATCH_ENTRIES = 10_000
 def entry_hash(entry: dict[str, Any]) -> str:
     """Content hash used for idempotency: independent of key order."""
     return hashlib.blake2b(encode_json(entry, sort_keys=True), digest_size=12).hexdigest()
-
-
-# --- JSON with lone surrogates -------------------------------------------------------------------
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-# A high surrogate followed by a low one: one character to JavaScript, two code points here.
-_SPLIT_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
-
-
-def encode_json(value: Any, *, sort_keys: bool = False) -> bytes:
-    """``orjson.dumps(value)``, also for strings (and keys) holding lone UTF-16 surrogates.
-
-    Those are written as ``JSON.stringify`` writes them, ``\\ud83d`` (lowercase hex); all
-    else is orjson's output, which matches ``JSON.stringify`` for strings. Only values orjson
-    refuses are looked at again, so the cost falls on them alone. Raises
-    ``orjson.JSONEncodeError`` (a ``TypeError``) where orjson does, and for a string holding a
-    surrogate pair as two code points (``"\\ud83d\\ude00"`` in Python source): every JSON
-    parser reads its escapes back as the one character, so it could not be read back as itself.
-    """
-    option = orjson.OPT_SORT_KEYS if sort_keys else None
-    try:
-        return orjson.dumps(value, option=option)
-    except orjson.JSONEncodeError:
-        if not _holds_surrogates(value):
-            raise
-    try:
-        return orjson.dumps(_escape_surrogates(value, option), option=option)
-    except RecursionError:
-        raise orjson.JSONEncodeError("nested too deeply to encode") from None
-
-
-def _holds_surrogates(root: Any) -> bool:
-    stack = [root]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, str):
-            if _SURROGATE.search(value):
-                return True
-        elif isinstance(value, dict):
-            if any(isinstance(k, str) and _SURROGATE.search(k) for k in value):
-                return True
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-    return False
-
-
-def _escape_surrogates(value: Any, option: int | None) -> Any:
-    """``value`` with every string holding a surrogate as a pre-encoded fragment (and every
-    object with such a key as one). Recursive: only reached for values orjson refused, which
-    nest no deeper than orjson writes (254 levels)."""
-    if isinstance(value, str):
-        return orjson.Fragment(_quote(value)) if _SURROGATE.search(value) else value
-    if isinstance(value, dict):
-        if not any(isinstance(k, str) and _SURROGATE.search(k) for k in value):
-            return {k: _escape_surrogates(v, option) for k, v in value.items()}
-        items = list(value.items())
-        if any(not isinstance(k, str) for k, _ in items):
-            raise orjson.JSONEncodeError("dict key must be str")
-        if option is not None and option & orjson.OPT_SORT_KEYS:
-            items.sort(key=lambda item: item[0].encode("utf-8", "surrogatepass"))
-        members = [
-            _quote(k) + b":" + orjson.dumps(_escape_surrogates(v, option), option=option)
-            for k, v in items
-        ]
-        return orjson.Fragment(b"{" + b",".join(members) + b"}")
-    if isinstance(value, (list, tuple)):
-        return [_escape_surrogates(v, option) for v in value]
-    return value
-
-
-def _quote(text: str) -> bytes:
-    """The JSON string ``JSON.stringify`` writes for ``text`` (lone surrogates escaped)."""
-    if _SPLIT_PAIR.search(text):
-        raise orjson.JSONEncodeError(
-            "str holds a surrogate pair as two code points: pass the character itself"
-        )
-    out = [b'"']
-    start = 0
-    for match in _SURROGATE.finditer(text):
-        if match.start() > start:
-            out.append(orjson.dumps(text[start : match.start()])[1:-1])
-        out.append(b"\\u%04x" % ord(match.group()))
-        start = match.end()
-    if start < len(text):
-        out.append(orjson.dumps(text[start:])[1:-1])
-    out.append(b'"')
-    return b"".join(out)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-_ESCAPE_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-
-
-def decode_json(data: bytes) -> Any:
-    """``orjson.loads(data)``, also for JSON text whose strings hold lone surrogate escapes
-    (what :func:`encode_json` writes). Raises ``ValueError`` (``orjson.JSONDecodeError`` is
-    one) for bytes that are not UTF-8 (raw surrogates included) or not JSON."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        try:
-            return _loads_escaped(data)
-        except ValueError:
-            raise exc from None
-
-
-def _loads_escaped(line: bytes) -> Any:
-    """A line orjson refused, parsed by the standard library, which reads lone surrogate
-    escapes. Raises ``ValueError`` for bytes that are not UTF-8 and for what is not JSON."""
-    try:
-        return _ESCAPE_DECODER.decode(line.decode("utf-8"))
-    except RecursionError:
-        raise ValueError("JSON nested too deeply to parse") from None
 
 
 @dataclass(frozen=True, slots=True)

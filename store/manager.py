@@ -20,9 +20,11 @@ import contextlib
 import secrets
 from typing import TYPE_CHECKING, Any, Iterator
 
+from store.clock import iso_now
 from store.errors import EntryNotFoundError, InvalidInputError
+from store.model.js import js_trim
+from store.model.session import Session, TreeNode
 from store.records import EMPTY_TAIL, AppendResult
-from store.session import Session, TreeNode, js_trim
 
 if TYPE_CHECKING:
     from store.core import SessionStore
@@ -33,12 +35,6 @@ def new_entry_id(taken: Any = ()) -> str:
         eid = secrets.token_hex(8)
         if eid not in taken:
             return eid
-
-
-def iso_now() -> str:
-    from store.core import _iso_now
-
-    return _iso_now()
 
 
 class SessionManager:

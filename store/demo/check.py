@@ -28,7 +28,7 @@ import orjson
 
 from store.cli.verify import verify_store
 from store.errors import SessionStoreError
-from store.session import branch_path
+from store.model.context import branch_path
 
 if TYPE_CHECKING:
     from store.core import SessionStore
@@ -133,7 +133,7 @@ def check_store(store: SessionStore, result: Verification) -> None:
 
 
 def check_forks(store: SessionStore, forks: list[dict[str, Any]], result: Verification) -> None:
-    from store.pi_format import read_pi_file
+    from store.pi.scan import read_pi_file
 
     problems: list[str] = []
     for fork in forks:
