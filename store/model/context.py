@@ -9,7 +9,7 @@ Pure: no I/O; of the store, only its errors.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from store.errors import InvalidEntryError
@@ -96,9 +96,21 @@ def build_session_context(
     ``model`` may lack ``provider``/``modelId``, as JSON.stringify would show pi's result.
     """
     skip = skip_ids if isinstance(skip_ids, (set, frozenset)) else frozenset(skip_ids)
+    thinking_level, model, compaction_index = _settings(path, skip)
+    result: dict[str, Any] = {"messages": _messages(path, skip, compaction_index)}
+    if thinking_level is not MISSING:
+        result["thinkingLevel"] = thinking_level
+    result["model"] = model
+    return result
+
+
+def _settings(
+    path: Sequence[Mapping[str, Any]], skip: Collection[str]
+) -> tuple[Any, dict[str, Any] | None, int]:
+    """The thinking level, the model and the position of the last compaction (-1: none) that
+    the entries on ``path`` leave in force."""
     thinking_level: Any = "off"
     model: dict[str, Any] | None = None
-    compaction: Mapping[str, Any] | None = None
     compaction_index = -1
     for position, entry in enumerate(path):
         if skip and entry.get("id") in skip:
@@ -123,9 +135,14 @@ def build_session_context(
                 _set_present(model, "modelId", message, "model")
         elif entry_type == "compaction":
             # Only the last compaction on the path counts.
-            compaction = entry
             compaction_index = position
+    return thinking_level, model, compaction_index
 
+
+def _messages(
+    path: Sequence[Mapping[str, Any]], skip: Collection[str], compaction_index: int
+) -> list[Any]:
+    """The context's messages: after a compaction, its summary, then the entries it kept."""
     messages: list[Any] = []
 
     def emit(entry: Mapping[str, Any]) -> None:
@@ -135,29 +152,25 @@ def build_session_context(
         if message is not MISSING:
             messages.append(message)
 
-    if compaction is None:
+    if compaction_index < 0:
         for entry in path:
             emit(entry)
-    else:
-        summary: dict[str, Any] = {"role": "compactionSummary"}
-        _set_present(summary, "summary", compaction, "summary")
-        _set_present(summary, "tokensBefore", compaction, "tokensBefore")
-        summary["timestamp"] = _timestamp_ms(compaction)
-        messages.append(summary)
-        first_kept = compaction.get("firstKeptEntryId", MISSING)
-        found = False
-        for entry in path[:compaction_index]:
-            # Strict equality: a missing or non-string firstKeptEntryId matches nothing, and
-            # then nothing before the compaction is kept.
-            if not found and isinstance(first_kept, str) and entry.get("id") == first_kept:
-                found = True
-            if found:
-                emit(entry)
-        for entry in path[compaction_index + 1 :]:
+        return messages
+    compaction = path[compaction_index]
+    summary: dict[str, Any] = {"role": "compactionSummary"}
+    _set_present(summary, "summary", compaction, "summary")
+    _set_present(summary, "tokensBefore", compaction, "tokensBefore")
+    summary["timestamp"] = _timestamp_ms(compaction)
+    messages.append(summary)
+    first_kept = compaction.get("firstKeptEntryId", MISSING)
+    found = False
+    for entry in path[:compaction_index]:
+        # Strict equality: a missing or non-string firstKeptEntryId matches nothing, and
+        # then nothing before the compaction is kept.
+        if not found and isinstance(first_kept, str) and entry.get("id") == first_kept:
+            found = True
+        if found:
             emit(entry)
-
-    result: dict[str, Any] = {"messages": messages}
-    if thinking_level is not MISSING:
-        result["thinkingLevel"] = thinking_level
-    result["model"] = model
-    return result
+    for entry in path[compaction_index + 1 :]:
+        emit(entry)
+    return messages

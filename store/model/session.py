@@ -69,6 +69,104 @@ def _label_key(target: Any, label_id: str) -> Hashable:
     return ("object", label_id)
 
 
+#: pi's label Map: key (:func:`_label_key`) -> (targetId as JSON shows it, label).
+_LabelMap = dict[Hashable, tuple[Any, Any]]
+
+
+def _index_entries(
+    entries: Iterable[Mapping[str, Any]], validated: bool
+) -> tuple[list[Entry], dict[str, Entry]]:
+    """The entries in commit order and by id; refuses what :class:`Session` cannot hold
+    (only duplicate ids when ``validated``)."""
+    raw: list[Entry] = []
+    by_id: dict[str, Entry] = {}
+    for index, entry in enumerate(entries):
+        if not validated:
+            validate_entry(entry, index)
+        entry = cast(Entry, entry)  # validate_entry admits dicts only
+        entry_id = entry["id"]
+        if entry_id in by_id:
+            raise InvalidEntryError(
+                "duplicate entry id (pi would let the later entry shadow the earlier one)",
+                index=index,
+                entry_id=entry_id,
+            )
+        by_id[entry_id] = entry
+        raw.append(entry)
+    if not validated:
+        check_acyclic(by_id, raw)
+    return raw, by_id
+
+
+def _apply_redactions(
+    raw: list[Entry], by_id: dict[str, Entry]
+) -> tuple[list[Entry], dict[str, Entry], frozenset[str]]:
+    """The entries as readers see them (redacted ones as tombstones), by id, and the ids of
+    the redacted entries."""
+    # Redactions apply whatever their position relative to the target. Tombstones already
+    # stored as such (compacted bases) are redacted entries too, whether or not their
+    # redaction is still around; recomputing one from its redaction gives the same dict.
+    redactions: dict[str, Entry] = {}
+    stored_tombstones: set[str] = set()
+    for entry in raw:
+        if entry.get("type") == REDACTION_TYPE and not is_tombstone(entry):
+            target = by_id.get(entry["targetId"])
+            if target is None or target.get("type") == REDACTION_TYPE:
+                continue
+            redactions.setdefault(entry["targetId"], entry)
+        elif "redacted" in entry and is_tombstone(entry):
+            stored_tombstones.add(entry["id"])
+    if redactions:
+        view = [
+            redaction_tombstone(e, redactions[e["id"]]) if e["id"] in redactions else e
+            for e in raw
+        ]
+        by_id = {e["id"]: e for e in view}
+    else:
+        view = raw
+    return view, by_id, frozenset(redactions).union(stored_tombstones)
+
+
+def _labels_children_name(
+    view: list[Entry], redacted: frozenset[str]
+) -> tuple[_LabelMap, dict[Hashable, Any], dict[str | None, list[Entry]], str | None]:
+    """pi's label Map and the label timestamps (both keyed by :func:`_label_key`), the
+    children of every parentId, and the session name."""
+    # Labels (SPEC §5): file order, truthiness decides set vs delete; a delete followed by
+    # a set moves the key to the end, like a JS Map. Keyed as pi's Map keys them
+    # (_label_key): key -> (targetId as JSON shows it, label).
+    labels: _LabelMap = {}
+    label_timestamps: dict[Hashable, Any] = {}
+    children: dict[str | None, list[Entry]] = {}
+    name: str | None = None
+    for entry in view:
+        parent_id = entry.get("parentId", MISSING)
+        if parent_id is not MISSING:
+            children.setdefault(parent_id, []).append(entry)
+        if entry["id"] in redacted:
+            continue
+        entry_type = entry.get("type")
+        if entry_type == "label":
+            target_id = entry.get("targetId", MISSING)
+            key = _label_key(target_id, entry["id"])
+            label = entry.get("label", MISSING)
+            if js_truthy(label):
+                labels[key] = (None if target_id is MISSING else target_id, label)
+                # A label entry without timestamp leaves pi's labelTimestamp undefined.
+                if "timestamp" in entry:
+                    label_timestamps[key] = entry["timestamp"]
+                else:
+                    label_timestamps.pop(key, None)
+            else:
+                labels.pop(key, None)
+                label_timestamps.pop(key, None)
+        elif entry_type == "session_info":
+            # The last session_info in commit order decides, even an empty one (SPEC §9).
+            raw_name = entry.get("name")
+            name = (js_trim(raw_name) or None) if isinstance(raw_name, str) else None
+    return labels, label_timestamps, children, name
+
+
 # --- the snapshot ------------------------------------------------------------------------------
 
 
@@ -166,79 +264,9 @@ class Session:
         refused, and walks keep their own cycle guard either way."""
         if not isinstance(header, Mapping):
             raise InvalidInputError("a session header must be a JSON object")
-        raw: list[Entry] = []
-        by_id: dict[str, Entry] = {}
-        for index, entry in enumerate(entries):
-            if not validated:
-                validate_entry(entry, index)
-            entry = cast(Entry, entry)  # validate_entry admits dicts only
-            entry_id = entry["id"]
-            if entry_id in by_id:
-                raise InvalidEntryError(
-                    "duplicate entry id (pi would let the later entry shadow the earlier one)",
-                    index=index,
-                    entry_id=entry_id,
-                )
-            by_id[entry_id] = entry
-            raw.append(entry)
-        if not validated:
-            check_acyclic(by_id, raw)
-
-        # Redactions apply whatever their position relative to the target. Tombstones already
-        # stored as such (compacted bases) are redacted entries too, whether or not their
-        # redaction is still around; recomputing one from its redaction gives the same dict.
-        redactions: dict[str, Entry] = {}
-        stored_tombstones: set[str] = set()
-        for entry in raw:
-            if entry.get("type") == REDACTION_TYPE and not is_tombstone(entry):
-                target = by_id.get(entry["targetId"])
-                if target is None or target.get("type") == REDACTION_TYPE:
-                    continue
-                redactions.setdefault(entry["targetId"], entry)
-            elif "redacted" in entry and is_tombstone(entry):
-                stored_tombstones.add(entry["id"])
-        if redactions:
-            view = [
-                redaction_tombstone(e, redactions[e["id"]]) if e["id"] in redactions else e
-                for e in raw
-            ]
-            by_id = {e["id"]: e for e in view}
-        else:
-            view = raw
-        redacted = frozenset(redactions).union(stored_tombstones)
-
-        # Labels (SPEC §5): file order, truthiness decides set vs delete; a delete followed by
-        # a set moves the key to the end, like a JS Map. Keyed as pi's Map keys them
-        # (_label_key): key -> (targetId as JSON shows it, label).
-        labels: dict[Hashable, tuple[Any, Any]] = {}
-        label_timestamps: dict[Hashable, Any] = {}
-        children: dict[str | None, list[Entry]] = {}
-        name: str | None = None
-        for entry in view:
-            parent_id = entry.get("parentId", MISSING)
-            if parent_id is not MISSING:
-                children.setdefault(parent_id, []).append(entry)
-            if entry["id"] in redacted:
-                continue
-            entry_type = entry.get("type")
-            if entry_type == "label":
-                target_id = entry.get("targetId", MISSING)
-                key = _label_key(target_id, entry["id"])
-                label = entry.get("label", MISSING)
-                if js_truthy(label):
-                    labels[key] = (None if target_id is MISSING else target_id, label)
-                    # A label entry without timestamp leaves pi's labelTimestamp undefined.
-                    if "timestamp" in entry:
-                        label_timestamps[key] = entry["timestamp"]
-                    else:
-                        label_timestamps.pop(key, None)
-                else:
-                    labels.pop(key, None)
-                    label_timestamps.pop(key, None)
-            elif entry_type == "session_info":
-                # The last session_info in commit order decides, even an empty one (SPEC §9).
-                raw_name = entry.get("name")
-                name = (js_trim(raw_name) or None) if isinstance(raw_name, str) else None
+        raw, by_id = _index_entries(entries, validated)
+        view, by_id, redacted = _apply_redactions(raw, by_id)
+        labels, label_timestamps, children, name = _labels_children_name(view, redacted)
 
         self._header = dict(header)
         self._entries = tuple(view)

@@ -243,7 +243,6 @@ def _scan(
     parser = Parser()
     plan = Plan()
     migration = PiMigration(None)
-    checker = Checker(entry_check, minted=False, keep=keep)
     dropped: list[int] = []
     # v1 files: ids depend on the hash of the whole file, so this first read only notes what
     # the migration needs; the entries are checked in a second walk, once ids are minted.
@@ -251,52 +250,25 @@ def _scan(
     values = parser.values(source.lines())
     first = next(values, None)  # the header, if the file has one
     header: dict[str, Any] | None = None if first is None else first[1]
-    position = 0
+    value_count = 1
     if header is not None:
         migration = migrate_header(header)
         plan.v1 = "v1->v2" in migration.steps
         plan.v2_to_v3 = "v2->v3" in migration.steps
+    checker = Checker(entry_check, minted=plan.v1, keep=keep)
     if plan.v1:
-        checker = Checker(entry_check, minted=True, keep=keep)
         if keep and first is not None:
             v1_values.append(first)
-        wanted: set[int] = set()
-        for position, (lineno, value) in enumerate(values, 1):
-            if keep:
-                v1_values.append((lineno, value))
-            is_session = value.get("type") == "session"
-            if is_session:
-                dropped.append(lineno)
-                plan.session_positions.append(position)
-            if position in wanted:
-                plan.forward_ids[position] = NO_TARGET if is_session else value.get("id", MISSING)
-            target = None if is_session else wanted_forward(value, position)
-            if target is not None:
-                wanted.add(target)
+        value_count = _plan_v1(values, plan, dropped, v1_values if keep else None)
     else:
-        add = checker.add
-        for lineno, value in values:
-            if value.get("type") == "session":
-                dropped.append(lineno)
-                continue
-            if plan.v2_to_v3:
-                migrate_v2_entry(value)
-            add(lineno, value)
+        _check_values(values, plan, dropped, checker)
 
     content_hash = parser.hasher.digest() if parser.hasher is not None else b""
     if parser.header_state != "ok" or header is None:
-        empty = PiScan(
-            header=None,
-            migration=PiMigration(None),
-            empty_reason=parser.header_state or "no parseable line",
-            skipped_lines=tuple(parser.skipped),
-            content_hash=content_hash.hex(),
-            _source=source,
-        )
-        return empty, []
+        return _empty_scan(parser, content_hash, source), []
 
     if plan.v1:
-        plan.minted = mint_ids(content_hash, position + 1, plan.session_positions)
+        plan.minted = mint_ids(content_hash, value_count, plan.session_positions)
         walk = v1_values if keep else Parser(hashing=False).values(source.lines())
         for lineno, entry in final_entries(plan, walk):
             checker.add(lineno, entry)
@@ -316,3 +288,56 @@ def _scan(
         _source=source,
     )
     return scan, checker.entries if checker.entries is not None else []
+
+
+def _plan_v1(
+    values: Iterator[tuple[int, Any]],
+    plan: Plan,
+    dropped: list[int],
+    kept: list[tuple[int, Any]] | None,
+) -> int:
+    """The first read of a v1 file's values after the header: note what the migration needs
+    (later headers, the values a compaction's firstKeptEntryIndex names ahead of it) into
+    ``plan``, keep the values in ``kept`` if given. Returns the number of parsed values, the
+    header included."""
+    position = 0
+    wanted: set[int] = set()
+    for position, (lineno, value) in enumerate(values, 1):
+        if kept is not None:
+            kept.append((lineno, value))
+        is_session = value.get("type") == "session"
+        if is_session:
+            dropped.append(lineno)
+            plan.session_positions.append(position)
+        if position in wanted:
+            plan.forward_ids[position] = NO_TARGET if is_session else value.get("id", MISSING)
+        target = None if is_session else wanted_forward(value, position)
+        if target is not None:
+            wanted.add(target)
+    return position + 1
+
+
+def _check_values(
+    values: Iterator[tuple[int, Any]], plan: Plan, dropped: list[int], checker: Checker
+) -> None:
+    """The values after the header of a v2 or v3 file, migrated and checked in one read."""
+    add = checker.add
+    for lineno, value in values:
+        if value.get("type") == "session":
+            dropped.append(lineno)
+            continue
+        if plan.v2_to_v3:
+            migrate_v2_entry(value)
+        add(lineno, value)
+
+
+def _empty_scan(parser: Parser, content_hash: bytes, source: Replay) -> PiScan:
+    """The scan of a file pi would treat as empty (no header): nothing but why."""
+    return PiScan(
+        header=None,
+        migration=PiMigration(None),
+        empty_reason=parser.header_state or "no parseable line",
+        skipped_lines=tuple(parser.skipped),
+        content_hash=content_hash.hex(),
+        _source=source,
+    )
