@@ -5,6 +5,7 @@
     python -m compactor [work] [--burst] ...      serve the job queue (default command)
     python -m compactor compact SID [SID ...]     compact now, print the results (JSON)
     python -m compactor gc [SID ...]              GC the given sessions, or all of them
+    python -m compactor purge SID [SID ...]       compact, then delete retired objects now (erasure)
     python -m compactor history SID               compaction records, newest first
     python -m compactor parked                    parked jobs and their errors
 
@@ -37,7 +38,7 @@ from store.errors import BackendUnavailableError, SessionStoreError
 
 log = logging.getLogger("sessionstore.compactor")
 
-_COMMANDS = ("work", "compact", "gc", "history", "parked")
+_COMMANDS = ("work", "compact", "gc", "purge", "history", "parked")
 
 
 def _common() -> argparse.ArgumentParser:
@@ -88,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("sessions", nargs="+")
     g = sub.add_parser("gc", parents=[common], help="garbage-collect sessions (all by default)")
     g.add_argument("sessions", nargs="*")
+    p = sub.add_parser("purge", parents=[common],
+                       help="compact, then delete at once every object the new manifest does not reach "
+                            "(redacted content included; docs/compaction.md, 'Purge now')")
+    p.add_argument("sessions", nargs="+")
     h = sub.add_parser("history", parents=[common], help="compaction history of a session")
     h.add_argument("session")
     sub.add_parser("parked", parents=[common], help="list parked jobs")
@@ -171,6 +176,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results = [compactor.gc()]
             _print([{"sessions": r.sessions, "deleted": len(r.deleted), "waiting": r.waiting,
                      "errors": list(r.errors)} for r in results])
+        elif args.command == "purge":
+            from compactor.purge import purge_now
+
+            out = []
+            for sid in args.sessions:
+                res = purge_now(compactor, sid)
+                out.append({"session_id": sid, "generation": res.generation, "through_seq": res.through_seq,
+                            "compactions": [asdict(c) for c in res.compactions],
+                            "deleted": [key for _, key in res.deleted]})
+            _print(out)
         elif args.command == "history":
             _print([asdict(r) for r in compactor.history(args.session)])
         elif args.command == "parked":

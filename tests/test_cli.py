@@ -12,10 +12,13 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +128,35 @@ def test_help_and_usage_errors(cli: CLI) -> None:
     assert res.code == Exit.USAGE
 
 
+def test_version(cli: CLI) -> None:
+    res = cli("--version", backends=False)
+    assert res.code == 0 and res.out.startswith("sessionstore ") and res.out.split()[1][0].isdigit()
+
+
+BAD_REDIS_URLS = ["http://x", "redis://host:notaport/0", "redis://localhost:6379/abc", "redis://h:70000/0",
+                  "redis://:6379/0", "unix://", "redis://h:1/0?socket_timeout=abc", "localhost:6379"]
+BAD_OBJECT_URLS = ["ftp://x", "s3://", "s3://b?endpoint=notaurl", "s3://b?endpoint=http://h:99999",
+                   "s3://b?connect_timeout=x", "s3://b?region=a%20b"]
+
+
+def test_a_bad_url_is_a_usage_error_in_one_line(cli: CLI, monkeypatch: pytest.MonkeyPatch) -> None:
+    for url in BAD_REDIS_URLS:
+        res = cli("--redis", url, "ls", backends=False)
+        assert res.code == Exit.USAGE, (url, res)
+        assert one_line(res.err).startswith(f"sessionstore: bad Redis URL {url!r} (from --redis): "), res.err
+    for url in BAD_OBJECT_URLS:
+        res = cli("--objects", url, "--redis", "redis://127.0.0.1:1/0", "ls", backends=False)
+        assert res.code == Exit.USAGE, (url, res)
+        assert one_line(res.err).startswith(f"sessionstore: bad object store URL {url!r} (from --objects): "), res.err
+    # From the environment: named as such.
+    monkeypatch.setenv("SESSIONSTORE_REDIS_URL", "http://x")
+    res = cli("ls", backends=False)
+    assert res.code == Exit.USAGE and "(from SESSIONSTORE_REDIS_URL)" in one_line(res.err)
+    # The installed entry point, as the issue has it: no "internal error", exit 2.
+    res = run_cli("--redis", "http://x", "ls")
+    assert res.code == Exit.USAGE and "internal error" not in one_line(res.err)
+
+
 # --- create, append, ls, info, show, context -----------------------------------------------------
 
 
@@ -171,6 +203,125 @@ def test_create_append_list_show_context(cli: CLI) -> None:
     assert [m["role"] for m in context["messages"]] == ["user", "user"]  # the leaf's path: u1, b1
     context = cli("context", sid, "--leaf", "u2", "--compact").json()
     assert [m["content"][0]["text"] for m in context["messages"]] == ["hello", "hi!", "again"]
+
+
+def test_expect_empty_info_times_and_show_names(cli: CLI, make_store: Callable[..., SessionStore]) -> None:
+    sid = cli("create", "--json").json()["session"]  # no name: no entry yet
+    assert cli("append", sid, "--expect-empty", stdin=jsonl(msg("u1", None, "user", "first"))).code == 0
+    res = cli("append", sid, "--expect-empty", stdin=jsonl(msg("u2", "u1", "user", "second")))
+    assert res.code == Exit.CONFLICT
+    line = one_line(res.err)
+    assert "--expect-empty" in line and "--expect-tail" in line and "'u1'" in line  # names the real tail
+    assert "expected tail ''" not in line
+    # pi's context compaction and the store's compaction are told apart.
+    mgr = make_store().open_session(sid)
+    mgr.append_compaction("summary of the start", "u1", 1234)
+    assert cli("compact", sid, "--grace", "0").code == 0
+    assert cli("append", sid, stdin=jsonl({"type": "message", "message": {"role": "user", "content": "after"}})).code == 0
+    header = cli("show", sid).out.splitlines()[0]
+    assert "1 context compaction" in header and "stored as 1 segment after manifest 1" in header, header
+    assert "compaction(s)" not in header and "compactions +" not in header
+    info = cli("info", sid, "--json").json()
+    assert info["manifest"] == 1 and info["segments_after_manifest"] == 1 and info["context_compactions"] == 1
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", info["created_at"]), info
+    assert isinstance(info["created_at_ms"], int)
+    text = cli("info", sid).out
+    assert f"created at                 {info['created_at']}" in text and str(info["created_at_ms"]) not in text
+    rows = cli("ls", "--json").json()
+    assert rows[0]["created_at"] == info["created_at"] and rows[0]["updated_at"].endswith("Z")
+    assert "1 segments after manifest 1" in cli("verify", sid).out
+
+
+def test_append_at_a_terminal_says_it_reads_stdin(cli: CLI, backend_args: list[str]) -> None:
+    import pty
+
+    sid = new_session(cli)
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "store.cli", *backend_args, "append", sid], stdin=slave,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
+        os.close(slave)
+        slave = -1
+        os.write(master, jsonl(msg("t1", None, "user", "typed")))
+        os.write(master, b"\x04")  # Ctrl-D at the start of a line: end of input
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+    assert proc.returncode == 0, err
+    assert "reading entries from the terminal" in err.decode() and "Ctrl-D" in err.decode()
+    assert "appended 1 entry" in out.decode()
+    # Not at a terminal: no hint.
+    res = cli("append", sid, stdin=jsonl(msg("t2", "t1", "user", "piped")))
+    assert res.code == 0 and res.err == ""
+
+
+def test_concurrent_appends_without_parent_chain(cli: CLI, backend_args: list[str]) -> None:
+    """Entries without parentId go onto the tail: several `append`s at once land one after
+    another (each retried onto the tail the others left), never as siblings."""
+    sid = cli("create", "--json").json()["session"]
+    assert cli("append", sid, stdin=jsonl(msg("root", None, "user", "start"))).code == 0
+    procs = [subprocess.Popen([sys.executable, "-m", "store.cli", *backend_args, "append", sid],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
+             for _ in range(4)]
+    for i, p in enumerate(procs):
+        p.stdin.write(jsonl({"type": "message", "id": f"c{i}", "message": {"role": "user", "content": f"{i}"}}))
+        p.stdin.close()
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read() if p.stderr else ""
+    entries = [e for e in json.loads(cli("show", sid, "--json").out)["tree"]]
+    assert len(entries) == 1  # one root
+    ordered = cli_entries(cli, sid)
+    assert len(ordered) == 5
+    assert [e["parentId"] for e in ordered[1:]] == [e["id"] for e in ordered[:-1]]
+    assert "1 branch" in cli("show", sid).out.splitlines()[0]
+
+
+def cli_entries(cli: CLI, sid: str) -> list[dict[str, Any]]:
+    res = cli("export", sid)
+    assert res.code == 0, res.err
+    return [json.loads(line) for line in res.out.splitlines()[1:]]
+
+
+def test_resending_a_hand_written_batch_after_an_unknown_outcome(cli: CLI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exit 7, then the documented retry: the same file again. Entries with ids but without
+    timestamp or parentId must come out the same, or the store sees other content."""
+    from store.core import SessionStore as Store
+    from store.errors import IndeterminateError
+
+    sid = new_session(cli)
+    batch = jsonl({"type": "message", "id": "h1", "message": {"role": "user", "content": "one"}},
+                  {"type": "message", "id": "h2", "message": {"role": "assistant", "content": "two"}})
+    real = Store.append_session_entries
+
+    def landed_but_lost(self: Any, *args: Any, **kwargs: Any) -> Any:
+        real(self, *args, **kwargs)  # the batch lands; its answer is lost
+        raise IndeterminateError("segment: outcome unknown; re-sending the same batch is safe")
+
+    monkeypatch.setattr(Store, "append_session_entries", landed_but_lost)
+    res = cli("append", sid, stdin=batch)
+    assert res.code == Exit.INDETERMINATE, res
+    monkeypatch.setattr(Store, "append_session_entries", real)
+    first = [e for e in cli_entries(cli, sid) if e["id"] in ("h1", "h2")]
+    time.sleep(0.01)  # a new "now" would differ
+    res = cli("append", sid, "--json", stdin=batch)
+    assert res.code == 0, res.err
+    assert res.json()["last"] == "h2" and res.json()["seq"] == 2  # the original result
+    assert [e for e in cli_entries(cli, sid) if e["id"] in ("h1", "h2")] == first  # once, unchanged
+    assert first[1]["parentId"] == "h1" and first[0]["timestamp"] == first[1]["timestamp"]
+
+    # The other outcome: nothing landed. The re-send appends it then.
+    def lost(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise IndeterminateError("segment: outcome unknown; re-sending the same batch is safe")
+
+    more = jsonl({"type": "message", "id": "h3", "message": {"role": "user", "content": "three"}})
+    monkeypatch.setattr(Store, "append_session_entries", lost)
+    assert cli("append", sid, stdin=more).code == Exit.INDETERMINATE
+    monkeypatch.setattr(Store, "append_session_entries", real)
+    res = cli("append", sid, "--json", stdin=more)
+    assert res.code == 0 and res.json()["seq"] == 3
+    assert cli_entries(cli, sid)[-1]["parentId"] == "h2"
 
 
 def test_errors_are_one_line_with_their_own_exit_code(cli: CLI, s3_location: Any, redis_url: str, redis_prefix: str) -> None:
@@ -318,12 +469,14 @@ def test_import_a_pi_directory_and_export_it_back(cli: CLI, tmp_path: Path) -> N
     sid = res.json()["files"][0]["session"]
     assert res.code == 0 and sid == read_pi_file(pi_dir / "tool_calls.jsonl").header["id"]
     again = cli("import", str(pi_dir / "tool_calls.jsonl"), "--json").json()
-    assert again["files"][0] == res.json()["files"][0]
+    first = res.json()["files"][0]
+    assert again["files"][0] == {**first, "status": "unchanged", "appended": 0}
+    assert first["status"] == "created" and first["appended"] == first["entries"]
     one = _pi_file(tmp_path / "one.jsonl", "same-id", "2026-01-01T00:00:01.000Z", "first")
     two = _pi_file(tmp_path / "two.jsonl", "same-id", "2026-01-01T00:00:02.000Z", "second")
     res = cli("import", str(one), str(two), "--jobs", "1")
     assert res.code == Exit.FAILED
-    assert f"refused {two}: session 'same-id' already exists" in res.out
+    assert f"refused {two}: session 'same-id' already exists with other content" in res.out
     assert "imported 1 of 2 files" in res.out
     assert "first" in cli("context", "same-id").out
     # One file from stdin, with an explicit id; a single refused file exits with its class.
@@ -420,7 +573,11 @@ def test_compact_gc_and_verify(cli: CLI, make_store: Callable[..., SessionStore]
     (result,) = res.json()
     assert result["outcome"] == "compacted" and result["segments_merged"] == [1, 6] and result["entries"] == 6
     assert "nothing to compact" in cli("compact", "c1").out
-    assert cli("compact").code == Exit.USAGE
+    # No session named: every session, like gc and verify (--all says the same).
+    res = cli("compact", "--grace", "0")
+    lines = sorted(res.out.splitlines())
+    assert res.code == 0 and len(lines) == 2, res
+    assert lines[0] == "c1: nothing to compact (manifest 1)" and lines[1].startswith("c2: segments 1-6 -> manifest 1 ")
     assert cli("compact", "c1", "--all").code == Exit.USAGE
     assert cli("compact", "--all", "--grace", "0").code == 0
     gc = cli("gc", "--grace", "0", "--json").json()
@@ -432,6 +589,78 @@ def test_compact_gc_and_verify(cli: CLI, make_store: Callable[..., SessionStore]
     assert report["ok"] and report["sessions"] == 2
     assert {r["session_id"]: r["generation"] for r in report["results"]} == {"c1": 1, "c2": 1}
     assert cli("verify", "nosuch").code == Exit.NOT_FOUND
+
+
+def _holders(store: SessionStore, sid: str, needle: bytes) -> list[str]:
+    return [i.key for i in store.objects.list(store.layout.session_prefix(sid)) if needle in store.objects.get(i.key).data]
+
+
+def test_redacted_bytes_stay_until_purged(cli: CLI, make_store: Callable[..., SessionStore]) -> None:
+    """When the bytes of a redacted entry leave storage: not at redact, not at compact, not at
+    `gc --grace 0` (the compaction recorded its own grace); at once with --purge-now."""
+    store = make_store()
+    sid = new_session(cli, "erasure")
+    canary = b"hunter2-CANARY"
+    entries = [msg("s1", None, "user", "hello"), msg("s2", "s1", "user", f"password {canary.decode()}"),
+               msg("s3", "s2", "assistant", "noted")]
+    assert cli("append", sid, stdin=jsonl(*entries)).code == 0
+    res = cli("redact", sid, "s2", "--reason", "password")
+    assert res.code == 0 and "hidden from every reader now" in res.out and "--purge-now" in res.out
+    assert "purges" not in res.out
+    assert _holders(store, sid, canary)
+    res = cli("compact", sid)
+    assert res.code == 0 and "1 redacted entries written as tombstones" in res.out and "go at gc after" in res.out
+    assert _holders(store, sid, canary)
+    gc = cli("gc", "--grace", "0")
+    assert gc.code == 0 and "compact --purge-now" in gc.out
+    assert _holders(store, sid, canary)  # the manifest's own grace (600 s) still runs
+    context = cli("context", sid, "--compact").out
+    res = cli("compact", sid, "--purge-now", "--json")
+    assert res.code == 0, res.err
+    purged = res.json()[-1]
+    assert purged["outcome"] == "purged" and purged["deleted"]["segment"] == 3
+    assert _holders(store, sid, canary) == []
+    assert cli("context", sid, "--compact").out == context
+    assert cli("verify", sid).code == 0
+
+    # redact --purge-now: hidden and gone in one command, whatever the compactor did before.
+    secret = b"api-key-CANARY-2"
+    assert cli("append", sid, stdin=jsonl(msg("s4", "s3", "user", secret.decode()))).code == 0
+    res = cli("redact", sid, "s4", "--reason", "key", "--purge-now", "--json")
+    assert res.code == 0, res.err
+    assert res.json()["purged"] is True and res.json()["manifest"] == 2
+    assert _holders(store, sid, secret) == [] and _holders(store, sid, canary) == []
+    assert store.load_session(sid).get_entry("s4")["redacted"]["reason"] == "key"
+
+
+def test_a_reader_of_the_old_manifest_restarts_when_purge_deletes_under_it(
+    cli: CLI, make_store: Callable[..., SessionStore]
+) -> None:
+    store = make_store()
+    sid = new_session(cli)
+    assert cli("append", sid, stdin=jsonl(msg("r1", None, "user", "one"), msg("r2", "r1", "user", "two-CANARY"))).code == 0
+    assert cli("append", sid, stdin=jsonl(msg("r3", "r2", "user", "three"))).code == 0
+    assert cli("compact", sid).code == 0  # manifest 1
+    assert cli("redact", sid, "r2", "--reason", "x").code == 0
+    want = make_store().load_session_entries(sid)
+    reader = make_store()
+    get = reader.objects.get
+    purged: list[int] = []
+    lock = threading.Lock()
+
+    def get_then_purge(key: str) -> Any:
+        # The reader has chosen manifest 1; before its first base or segment arrives, the
+        # purge compacts to manifest 2 and deletes everything manifest 1 named.
+        with lock:
+            if not purged and ("/base/" in key or "/seg/" in key):
+                purged.append(cli("compact", sid, "--purge-now").code)
+        return get(key)
+
+    reader.objects.get = get_then_purge  # type: ignore[method-assign]
+    got = reader.load_session_entries(sid)
+    assert purged == [0]
+    assert got == want  # a restart from manifest 2, never a partial or stale answer
+    assert _holders(store, sid, b"CANARY") == []
 
 
 def test_verify_reports_corrupt_and_missing_objects(cli: CLI, make_store: Callable[..., SessionStore], s3_location: Any) -> None:

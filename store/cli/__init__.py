@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_global(parser, sub=False)
+    parser.add_argument("--version", action="version", version=f"sessionstore {_version()}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def add(name: str, help_text: str, func: Callable[..., int]) -> argparse.ArgumentParser:
@@ -122,7 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("import", "import pi session files or whole pi session directories", commands.cmd_import)
     p.add_argument("paths", nargs="+", metavar="PATH", help="a .jsonl file, a directory (searched for *.jsonl), or - for stdin")
     p.add_argument("--id", help="session id for a single file (default: the id in its header)")
-    p.add_argument("--new-ids", action="store_true", help="give every imported session a new id")
+    p.add_argument("--new-ids", action="store_true", help="give every imported session a new (random) id")
+    p.add_argument("--on-conflict", choices=["refuse", "new-id"], default="refuse",
+                   help="a file whose session id holds other content: refuse it, writing nothing (default), "
+                        "or import it as <id>-2, <id>-3, ...")
     p.add_argument("--jobs", type=int, default=4, help="files imported at once (default %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true", help="report every imported file, not only refused ones")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -142,23 +146,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=float, default=2.0,
                    help="seconds between reads when no notification arrives (default %(default)s)")
 
-    p = add("redact", "hide an entry's content from every reader (compaction purges it)", commands.cmd_redact)
+    p = add("redact", "hide an entry's content from every reader now (its bytes leave storage at "
+                      "compaction + gc, or at once with --purge-now)", commands.cmd_redact)
     p.add_argument("session")
     p.add_argument("entry")
     p.add_argument("--reason", required=True)
+    p.add_argument("--purge-now", action="store_true",
+                   help="compact the session and delete the objects holding the content now (erasure requests)")
 
     p = add("delete", "delete a session and everything in it", commands.cmd_delete)
     p.add_argument("session")
     p.add_argument("--yes", action="store_true", help="confirm")
 
-    p = add("compact", "merge sessions' segments into bases now", commands.cmd_compact)
-    p.add_argument("sessions", nargs="*", metavar="SESSION")
-    p.add_argument("--all", action="store_true", help="every session")
-    p.add_argument("--grace", type=float, metavar="SECONDS", help="grace period recorded in the manifest (default 600)")
+    p = add("compact", "merge sessions' segments into bases now (default: every session)", commands.cmd_compact)
+    p.add_argument("sessions", nargs="*", metavar="SESSION", help="default: every session")
+    p.add_argument("--all", action="store_true", help="every session (the default)")
+    p.add_argument("--grace", type=float, metavar="SECONDS",
+                   help="grace period recorded in the manifest: gc deletes the merged objects after it (default 600)")
+    p.add_argument("--purge-now", action="store_true",
+                   help="then delete at once every object the new manifest does not reach (redacted bytes included)")
 
     p = add("gc", "delete retired objects whose grace period is over", commands.cmd_gc)
     p.add_argument("sessions", nargs="*", metavar="SESSION", help="default: every session")
-    p.add_argument("--grace", type=float, metavar="SECONDS", help="grace period (default 600)")
+    p.add_argument("--grace", type=float, metavar="SECONDS",
+                   help="grace period (default 600); it can lengthen, never shorten, the grace a compaction "
+                        "recorded in its manifest")
 
     p = add("verify", "check sessions (default: the whole bucket) against the store's invariants", commands.cmd_verify)
     p.add_argument("sessions", nargs="*", metavar="SESSION")
@@ -175,6 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("demo", "run a fleet of scripted agents on shared sessions, then verify everything", _cmd_demo)
     add_demo_arguments(p)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sessionstore")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
 
 
 def _cmd_demo(args: argparse.Namespace, ctx: commands.Ctx) -> int:
@@ -223,7 +244,11 @@ class _OneLine(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            err(f"sessionstore: {record.levelname.lower()}: {record.getMessage()}")
+            if record.name == "sessionstore.embedded":
+                # What the embedded server does (started, left running, stopped): news, not faults.
+                err(f"sessionstore: {record.getMessage()}")
+            else:
+                err(f"sessionstore: {record.levelname.lower()}: {record.getMessage()}")
         except Exception:
             pass
 

@@ -26,6 +26,8 @@ from store.cli.common import (
     err,
     human_age,
     human_bytes,
+    is_tty,
+    iso_of_ms,
     open_store,
     out,
     read_jsonl,
@@ -89,11 +91,14 @@ def cmd_create(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def cmd_append(args: argparse.Namespace, ctx: Ctx) -> int:
-    from store.manager import new_entry_id
+    from store.errors import ConflictError, ContentionError
     from store.records import EMPTY_TAIL
 
     sid = check_session_id(args.session)
     if args.file in (None, "-"):
+        if is_tty(sys.stdin):
+            err("sessionstore: reading entries from the terminal, one JSON object a line; "
+                "Ctrl-D to append them as one batch, Ctrl-C to cancel")
         entries = list(read_jsonl(sys.stdin.buffer, "stdin"))
         source = "stdin"
     else:
@@ -106,30 +111,30 @@ def cmd_append(args: argparse.Namespace, ctx: Ctx) -> int:
     if args.expect_empty:
         expected = EMPTY_TAIL
     store = ctx.store
-    # Convenience for hand-written entries: a missing id, timestamp or parentId is filled in
-    # (parentId chains to the tail, or the previous entry of the batch). Give ids explicitly
-    # when a retry must be idempotent.
-    if any("parentId" not in e for e in entries):
-        parent: str | None = expected if expected is not None else store.get_tail(sid).last_entry_id
-        parent = parent or None
-    else:
-        parent = None
-    taken = {e["id"] for e in entries if isinstance(e.get("id"), str)}
-    filled: list[dict[str, Any]] = []
-    for entry in entries:
-        if "id" not in entry:
-            eid = new_entry_id(taken)
-            taken.add(eid)
+    try:
+        for _ in range(store.options.max_rounds):
+            filled, tail = fill_entries(store, sid, entries, expected)
+            try:
+                # An entry whose parentId was filled from the tail goes onto that tail or not at
+                # all: concurrent appends of such entries chain, one after the other, instead of
+                # landing as siblings of the tail they all read.
+                result = store.append_session_entries(sid, filled, expected if expected is not None else tail)
+                break
+            except ConflictError:
+                if expected is not None:
+                    raise
+                continue  # another writer moved the tail: chain onto the new one
         else:
-            eid = entry["id"]
-        # pi's key order, then the entry's own fields in theirs.
-        head = {"type": entry.get("type"), "id": eid, "parentId": entry.get("parentId", parent),
-                "timestamp": entry.get("timestamp", _iso_now())}
-        if "type" not in entry:
-            del head["type"]  # left for the store to refuse, with its own message
-        filled.append({**head, **{k: v for k, v in entry.items() if k not in head}})
-        parent = eid if isinstance(eid, str) else parent
-    result = store.append_session_entries(sid, filled, expected)
+            raise ContentionError(f"session {sid!r}: lost every round to other writers; try again")
+    except ConflictError as exc:
+        if not args.expect_empty:
+            raise
+        raise CliError(
+            f"session {sid!r} is not empty (its last entry is {exc.actual_tail_entry_id!r}, segment "
+            f"{exc.actual_seq}): --expect-empty refused the append; append without it, or with "
+            f"--expect-tail {exc.actual_tail_entry_id}",
+            Exit.CONFLICT,
+        ) from None
     if ctx.json:
         out(dump_json({"session": sid, "seq": result.seq, "last": result.last_appended_entry_id,
                        "count": result.appended_count}))
@@ -138,6 +143,59 @@ def cmd_append(args: argparse.Namespace, ctx: Ctx) -> int:
         out(f"appended {result.appended_count} {noun} to {sid} as segment {result.seq} "
             f"(last {result.last_appended_entry_id})")
     return Exit.OK
+
+
+def fill_entries(
+    store: SessionStore, sid: str, entries: list[dict[str, Any]], expected: str | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Hand-written entries made whole: a missing ``id`` minted, a missing ``timestamp`` set
+    to now, a missing ``parentId`` chained to the tail (or to the previous entry of the batch).
+    Returns the entries and the tail the first one was chained to (None if it was not:
+    the caller appends strictly on that tail, so that the chain holds).
+
+    A re-send of a batch must be the same batch, or the store answers "same id, different
+    content" instead of the original result. So an entry whose ``id`` is given and already
+    in the session takes its missing ``timestamp`` and ``parentId`` from the stored entry:
+    re-sending a file after an unknown outcome (exit 7) gives exactly what the first attempt
+    sent, whichever way that attempt went (pi's meaning is kept: the timestamp is when the
+    entry was first written). Minted ids cannot be re-sent: give ids for that.
+    """
+    from store.manager import new_entry_id
+
+    missing = [e for e in entries if "timestamp" not in e or "parentId" not in e]
+    stored: dict[str, dict[str, Any]] = {}
+    given = {e["id"] for e in missing if isinstance(e.get("id"), str)}
+    if given:
+        # Only then is the session read: a batch of fully written entries costs nothing here.
+        stored = {e["id"]: e for e in store.load_session_entries(sid) if e.get("id") in given}
+    parent: str | None = None
+    tail: str | None = None
+    first_id = entries[0].get("id")
+    if "parentId" not in entries[0] and not (isinstance(first_id, str) and first_id in stored):
+        tail = expected if expected is not None else store.get_tail(sid).last_entry_id
+        parent = tail or None
+    taken = {e["id"] for e in entries if isinstance(e.get("id"), str)}
+    filled: list[dict[str, Any]] = []
+    now = _iso_now()
+    for entry in entries:
+        if "id" not in entry:
+            eid = new_entry_id(taken)
+            taken.add(eid)
+        else:
+            eid = entry["id"]
+        before = stored.get(eid) if isinstance(eid, str) else None
+        if before is not None:
+            default_parent, default_time = before.get("parentId"), before.get("timestamp", now)
+        else:
+            default_parent, default_time = parent, now
+        # pi's key order, then the entry's own fields in theirs.
+        head = {"type": entry.get("type"), "id": eid, "parentId": entry.get("parentId", default_parent),
+                "timestamp": entry.get("timestamp", default_time)}
+        if "type" not in entry:
+            del head["type"]  # left for the store to refuse, with its own message
+        filled.append({**head, **{k: v for k, v in entry.items() if k not in head}})
+        parent = eid if isinstance(eid, str) else parent
+    return filled, tail
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -150,6 +208,8 @@ def _session_row(store: SessionStore, info: Any) -> dict[str, Any]:
         "entries": None,
         "created_at_ms": info.created_at_ms,
         "updated_at_ms": info.updated_at_ms or info.created_at_ms,
+        "created_at": iso_of_ms(info.created_at_ms),
+        "updated_at": iso_of_ms(info.updated_at_ms or info.created_at_ms),
         "cwd": info.cwd,
         "fork_of": info.fork_of,
         "error": None,
@@ -210,8 +270,12 @@ def cmd_info(args: argparse.Namespace, ctx: Ctx) -> int:
         "own_entries": len(data.entries),
         "leaf": session.leaf_id,
         "seq": data.seq,
-        "segments_since_compaction": data.seq - (data.manifest.through_seq if data.manifest else 0),
-        "compactions": data.manifest.generation if data.manifest else 0,
+        # Storage (the compactor's manifests) and pi's context compactions are different
+        # things: each has its own name here and in `show`.
+        "manifest": data.manifest.generation if data.manifest else 0,
+        "segments_after_manifest": data.seq - (data.manifest.through_seq if data.manifest else 0),
+        "context_compactions": sum(1 for e in session.entries if e.get("type") == "compaction"),
+        "created_at": iso_of_ms(header.created_at_ms),
         "created_at_ms": header.created_at_ms,
         "incarnation": header.incarnation,
         "cwd": header.pi_header.get("cwd"),
@@ -223,8 +287,12 @@ def cmd_info(args: argparse.Namespace, ctx: Ctx) -> int:
         out(dump_json(info))
         return Exit.OK
     for key, value in info.items():
+        if key == "created_at_ms":
+            continue  # the ISO line says it (--json has both)
         if key == "fork" and value:
             value = f"{value['session_id']} at entry {value['entry_id']}"
+        if key == "manifest" and not value:
+            value = "none (never compacted)"
         out(f"{key.replace('_', ' '):<26} {'-' if value is None else value}")
     return Exit.OK
 
@@ -242,7 +310,8 @@ def cmd_show(args: argparse.Namespace, ctx: Ctx) -> int:
             "name": session.name,
             "leaf": session.leaf_id,
             "entries": len(session),
-            "compactions": data.manifest.generation if data.manifest else 0,
+            "manifest": data.manifest.generation if data.manifest else 0,
+            "context_compactions": sum(1 for e in session.entries if e.get("type") == "compaction"),
             "tree": [node.to_dict() for node in session.get_tree()],
         }))
         return Exit.OK
@@ -253,7 +322,8 @@ def cmd_show(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def describe_session(sid: str, session: Any, data: Any) -> str:
-    """The header line of ``show``: name, size, branches, fork, compactions."""
+    """The header line of ``show``: name, size, branches, context compactions (pi's
+    ``compaction`` entries), storage (segments after the compactor's latest manifest), fork."""
     leaves = sum(1 for e in session.entries if not session.get_children(e["id"]))
     parts = [f"session {sid}"]
     if session.name:
@@ -264,11 +334,10 @@ def describe_session(sid: str, session: Any, data: Any) -> str:
     if pi_compactions:
         parts.append(f"{pi_compactions} context compaction{'s' if pi_compactions != 1 else ''}")
     live = data.seq - (data.manifest.through_seq if data.manifest else 0)
-    stored = f"{live} segment{'s' if live != 1 else ''}"
+    stored = f"stored as {live} segment{'s' if live != 1 else ''}"
     if data.manifest is not None:
-        gen = data.manifest.generation
-        stored = f"{gen} compaction{'s' if gen != 1 else ''} + {stored}"
-    parts.append(f"stored as {stored}")
+        stored += f" after manifest {data.manifest.generation}"
+    parts.append(stored)
     if data.header.fork is not None:
         parts.append(f"fork of {data.header.fork.session_id} at {data.header.fork.entry_id}")
     if session.redacted_ids:
@@ -357,14 +426,33 @@ def cmd_fork(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def cmd_redact(args: argparse.Namespace, ctx: Ctx) -> int:
-    result = ctx.store.redact(check_session_id(args.session), args.entry, args.reason)
+    sid = check_session_id(args.session)
+    result = ctx.store.redact(sid, args.entry, args.reason)
+    row: dict[str, Any] = {"session": sid, "entry": args.entry, "redaction": result.last_appended_entry_id,
+                           "seq": result.seq, "purged": False}
+    purge = None
+    if args.purge_now:
+        from compactor.purge import purge_now
+
+        purge = purge_now(_compactor(ctx, None), sid, through_seq=result.seq)
+        row.update(purged=True, manifest=purge.generation, deleted=len(purge.deleted))
     if ctx.json:
-        out(dump_json({"session": args.session, "entry": args.entry, "redaction": result.last_appended_entry_id,
-                       "seq": result.seq}))
+        out(dump_json(row))
+        return Exit.OK
+    out(f"redacted {args.entry} in {sid} (redaction {result.last_appended_entry_id}, segment {result.seq}): "
+        "hidden from every reader now")
+    if purge is not None:
+        out(_purged_line(sid, purge))
     else:
-        out(f"redacted {args.entry} in {args.session} (redaction {result.last_appended_entry_id}, "
-            f"segment {result.seq}); `sessionstore compact` purges the content from storage")
+        out("its bytes stay in storage until a compaction rewrites the session and gc then deletes the "
+            "old objects, after the grace period (default 10 min); `--purge-now` deletes them now")
     return Exit.OK
+
+
+def _purged_line(sid: str, purge: Any) -> str:
+    kinds = ", ".join(_count(purge.count(k), k, k + "s") for k in ("segment", "base", "manifest") if purge.count(k))
+    return (f"{sid}: purged: every object older than manifest {purge.generation} deleted now "
+            f"({kinds or 'nothing left to delete'}); redacted content is in no object of the store")
 
 
 def cmd_delete(args: argparse.Namespace, ctx: Ctx) -> int:
@@ -402,7 +490,11 @@ def _pi_files(paths: list[str]) -> list[str]:
 
 
 def cmd_import(args: argparse.Namespace, ctx: Ctx) -> int:
+    """Import pi files. Files that name the same session are imported one after the other,
+    in path order (so which one creates it, extends it or is refused is the same on every
+    run); different sessions a few at once. Per-file lines come out in path order."""
     from store.core import uuid7
+    from store.pi_import import ImportConflictError, import_pi_file, peek_header_id
 
     files = _pi_files(args.paths)
     if args.id and len(files) != 1:
@@ -411,18 +503,23 @@ def cmd_import(args: argparse.Namespace, ctx: Ctx) -> int:
     status = StatusLine(sys.stderr)
     lock = threading.Lock()
     results: list[dict[str, Any]] = []
-    totals = {"entries": 0, "refused": 0}
+    totals = {"entries": 0, "appended": 0, "refused": 0}
     show_progress = not args.quiet and len(files) > 1
 
     def one(path: str) -> dict[str, Any]:
         sid = args.id or (uuid7() if args.new_ids else None)
         try:
             source: Any = sys.stdin.buffer if path == "-" else Path(path)  # a pipe is spooled to disk, not memory
-            handle = store.import_pi_session(source, sid)
-            entries = handle.tail().entry_count
-            return {"path": path, "ok": True, "session": handle.session_id, "entries": entries}
+            res = import_pi_file(store, source, sid, on_conflict=args.on_conflict)
+            row = {"path": path, "ok": True, "session": res.session_id, "status": res.status,
+                   "entries": res.entries, "appended": res.appended}
+            if res.header_id is not None:
+                row["header_id"] = res.header_id
+            return row
         except (SessionStoreError, OSError) as exc:
             code, message = classify(exc)
+            if isinstance(exc, ImportConflictError):
+                message += " (--id ID, or --on-conflict new-id)"
             return {"path": path, "ok": False, "error": message, "exit_code": int(code)}
 
     def report(res: dict[str, Any]) -> None:
@@ -430,18 +527,9 @@ def cmd_import(args: argparse.Namespace, ctx: Ctx) -> int:
             results.append(res)
             if res["ok"]:
                 totals["entries"] += res["entries"]
+                totals["appended"] += res["appended"]
             else:
                 totals["refused"] += 1
-            if not ctx.json:
-                line = None
-                if not res["ok"]:
-                    line = f"refused {res['path']}: {res['error']}"
-                elif args.verbose or len(files) == 1:
-                    line = f"imported {res['path']} as {res['session']} ({res['entries']} entries)"
-                if line:
-                    status.clear()
-                    out(line)
-                    sys.stdout.flush()
             if show_progress:
                 status.update(
                     f"importing {bar(len(results), len(files))} {len(results)}/{len(files)} files"
@@ -449,27 +537,64 @@ def cmd_import(args: argparse.Namespace, ctx: Ctx) -> int:
                     force=len(results) == len(files),
                 )
 
-    # Files are independent: import a few at once (each import is its own batches).
+    def run(paths: list[str]) -> None:
+        for path in paths:
+            report(one(path))
+
+    # Group by the session id each header names (read from the first line only).
+    groups: dict[str, list[str]] = {}
+    later: list[str] = []  # stdin, and files whose first value is not a header: after the rest
+    for path in files:
+        if args.id or args.new_ids:
+            groups[path] = [path]
+            continue
+        hid = None if path == "-" else peek_header_id(path)
+        if hid is None:
+            later.append(path)
+        else:
+            groups.setdefault(hid, []).append(path)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(one, f) for f in files]
-        for fut in as_completed(futures):
-            report(fut.result())
+        for fut in [pool.submit(run, sorted(paths)) for paths in groups.values()]:
+            fut.result()
+    run(later)
     if show_progress:
         status.done()
     results.sort(key=lambda r: r["path"])
     imported = sum(1 for r in results if r["ok"])
     if ctx.json:
         out(dump_json({"imported": imported, "refused": totals["refused"], "entries": totals["entries"],
-                       "files": results}))
-    elif len(files) > 1:
-        out(f"imported {imported} of {len(files)} files ({totals['entries']:,} entries)"
-            + (f"; {totals['refused']} refused" if totals["refused"] else ""))
+                       "appended": totals["appended"], "files": results}))
+    else:
+        for res in results:
+            if not res["ok"]:
+                out(f"refused {res['path']}: {res['error']}")
+            elif args.verbose or len(files) == 1:
+                out(_import_line(res))
+        if len(files) > 1:
+            out(f"imported {imported} of {len(files)} files ({totals['entries']:,} entries, "
+                f"{totals['appended']:,} of them new)"
+                + (f"; {totals['refused']} refused" if totals["refused"] else ""))
     if totals["refused"]:
         if len(files) == 1:
             # One file: its own error class is the exit code.
             return int(results[0]["exit_code"])
         return Exit.FAILED
     return Exit.OK
+
+
+def _import_line(res: dict[str, Any]) -> str:
+    renamed = f"; its header's id {res['header_id']!r} holds other content" if "header_id" in res else ""
+    entries = _count(res["entries"], "entry", "entries")
+    if res["status"] == "created":
+        return f"imported {res['path']} as {res['session']} ({entries}{renamed})"
+    if res["status"] == "extended":
+        return (f"imported {res['path']} into {res['session']}: {_count(res['appended'], 'new entry', 'new entries')} "
+                f"({entries} in the file{renamed})")
+    return f"unchanged {res['path']}: {res['session']} already holds its {entries}{renamed}"
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 # --- follow ------------------------------------------------------------------------------------
@@ -534,8 +659,12 @@ def _all_or(ctx: Ctx, sessions: list[str], all_flag: bool, what: str) -> list[st
 
 
 def cmd_compact(args: argparse.Namespace, ctx: Ctx) -> int:
-    sids = _all_or(ctx, args.sessions, args.all, "compact")
+    if args.sessions and args.all:
+        raise CliError("give sessions or --all, not both", Exit.USAGE)
+    # Like gc and verify: no session named means every session (--all says so explicitly).
+    sids = [check_session_id(s) for s in args.sessions] or [i.session_id for i in ctx.store.list_sessions()]
     compactor = _compactor(ctx, args.grace)
+    grace_ms = compactor.options.grace_ms
     results: list[dict[str, Any]] = []
     for sid in sids:
         rounds = 0
@@ -547,17 +676,32 @@ def cmd_compact(args: argparse.Namespace, ctx: Ctx) -> int:
             if not ctx.json:
                 if res.outcome == "compacted":
                     first, last = res.segments_merged or (0, 0)
-                    purged = f", {res.redactions_purged} redacted entries purged" if res.redactions_purged else ""
+                    tomb = ""
+                    if res.redactions_purged:
+                        tomb = (f", {res.redactions_purged} redacted entries written as tombstones; the old objects "
+                                f"holding them go at gc after {iso_of_ms(_now_ms() + grace_ms)}"
+                                + ("" if args.purge_now else " (or now with --purge-now)"))
                     out(f"{sid}: segments {first}-{last} -> manifest {res.generation} "
-                        f"({res.entries} entries, {human_bytes(res.bytes_in)} -> {human_bytes(res.bytes_out)}{purged})")
+                        f"({res.entries} entries, {human_bytes(res.bytes_in)} -> {human_bytes(res.bytes_out)}{tomb})")
                 elif res.outcome == "nothing":
                     out(f"{sid}: nothing to compact (manifest {res.generation})")
                 else:
                     out(f"{sid}: another compactor wrote manifest {res.generation} first")
             if res.outcome != "compacted" or not res.more_pending or rounds >= 100:
                 break
+        if args.purge_now:
+            from compactor.purge import purge_now
+
+            purge = purge_now(compactor, sid)
+            results.append({"session_id": sid, "outcome": "purged", "generation": purge.generation,
+                            "through_seq": purge.through_seq,
+                            "deleted": {k: purge.count(k) for k in ("segment", "base", "manifest")}})
+            if not ctx.json:
+                out(_purged_line(sid, purge))
     if ctx.json:
         out(dump_json(results))
+    elif not sids:
+        err("no sessions")
     return Exit.OK
 
 
@@ -579,7 +723,13 @@ def cmd_gc(args: argparse.Namespace, ctx: Ctx) -> int:
                        "waiting": total.waiting, "errors": list(total.errors)}))
     else:
         detail = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "nothing"
-        out(f"gc: {total.sessions} sessions, deleted {detail}; {total.waiting} objects wait for their grace period")
+        waiting = ""
+        if total.waiting:
+            # --grace only lengthens the wait: each manifest records the grace of the
+            # compaction that wrote it (docs/compaction.md).
+            waiting = (f"; {total.waiting} objects wait for their grace period (the one each compaction "
+                       "recorded; `compact --purge-now` deletes a session's old objects now)")
+        out(f"gc: {total.sessions} sessions, deleted {detail}{waiting}")
         for e in total.errors:
             out(f"error: {e}")
     return Exit.FAILED if total.errors else Exit.OK
@@ -609,8 +759,8 @@ def cmd_verify(args: argparse.Namespace, ctx: Ctx) -> int:
             else:
                 state = "ok   "
             extra = f", fork of {c.fork_of}" if c.fork_of else ""
-            out(f"{state} {c.session_id} ({c.entries} entries, {c.segments} live segments, "
-                f"{c.generation} compactions{extra})")
+            stored = f"{c.segments} segments after manifest {c.generation}" if c.generation else f"{c.segments} segments"
+            out(f"{state} {c.session_id} ({c.entries} entries, {stored}{extra})")
             for f in c.faults:
                 out(f"      fault: {f}")
             for w in c.warnings:
@@ -644,20 +794,25 @@ def cmd_embedded(args: argparse.Namespace, ctx: Ctx) -> int:
         raise CliError("the embedded Redis exists only for a local directory without --redis", Exit.USAGE)
     embedded = EmbeddedRedis(directory / ".redis")
     if args.action == "stop":
-        running = embedded.running()
-        embedded.stop()
+        pid = embedded.pid()
+        stopped = embedded.stop()
         if ctx.json:
-            out(dump_json({"dir": str(embedded.dir), "stopped": running}))
+            out(dump_json({"dir": str(embedded.dir), "stopped": stopped, "pid": pid}))
         else:
-            out(f"stopped the embedded redis-server of {directory}" if running
-                else f"no embedded redis-server running for {directory}")
+            out(f"stopped the embedded redis-server of {directory}" + (f" (pid {pid})" if pid else "")
+                if stopped else f"no embedded redis-server running for {directory}")
         return Exit.OK
-    running = embedded.running()
-    info = {"dir": str(embedded.dir), "socket": str(embedded.socket), "running": running,
-            "pid": embedded.pid() if running else None}
+    pid = embedded.pid()
+    answering = embedded.running()
+    info = {"dir": str(embedded.dir), "socket": str(embedded.socket), "running": answering or pid is not None,
+            "answering": answering, "pid": pid}
     if ctx.json:
         out(dump_json(info))
+    elif answering:
+        out(f"embedded redis-server for {directory}: running (pid {pid}, socket {embedded.socket})")
+    elif pid is not None:
+        out(f"embedded redis-server for {directory}: running but not answering yet (pid {pid}: loading, "
+            "or stopped); `sessionstore embedded stop` stops it")
     else:
-        out(f"embedded redis-server for {directory}: "
-            + (f"running (pid {info['pid']}, socket {embedded.socket})" if running else "not running"))
+        out(f"embedded redis-server for {directory}: not running")
     return Exit.OK

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -158,11 +159,97 @@ def objects_url_of(value: str) -> str:
 def resolve_config(
     objects: str | None, redis_url: str | None, prefix: str | None, allow_unsafe: bool = False
 ) -> Config:
+    """The configuration, with both URLs checked: a bad one is a usage error (exit 2) here,
+    before anything connects, never an internal error from a client library later."""
     env = os.environ
     obj = objects or env.get(ENV_OBJECTS) or DEFAULT_DIR
     red = redis_url or env.get(ENV_REDIS) or None
     pre = prefix or env.get(ENV_PREFIX) or "ss"
-    return Config(objects_url_of(obj), red, pre, allow_unsafe)
+    obj_source = "--objects" if objects else (ENV_OBJECTS if env.get(ENV_OBJECTS) else "--objects")
+    red_source = "--redis" if redis_url else ENV_REDIS
+    url = objects_url_of(obj)
+    check_objects_url(url, obj_source)
+    if red is not None:
+        check_redis_url(red, red_source)
+    return Config(url, red, pre, allow_unsafe)
+
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+
+
+def _bad_url(source: str, url: str, why: str, example: str) -> CliError:
+    kind = "Redis" if source in ("--redis", ENV_REDIS) else "object store"
+    return CliError(f"bad {kind} URL {url!r} (from {source}): {why}; e.g. {example}", Exit.USAGE)
+
+
+def check_redis_url(url: str, source: str = "--redis") -> None:
+    """Refuse a Redis URL that redis-py would refuse (or silently misread) when connecting."""
+    example = "redis://localhost:6379/0"
+    try:
+        parsed = urlparse(url)
+        scheme = parsed.scheme.lower()
+        if scheme not in _REDIS_SCHEMES:
+            raise _bad_url(source, url, "the scheme must be redis://, rediss://, unix:// or "
+                           "redis+cluster://", example)
+        if scheme == "unix":
+            if not parsed.path:
+                raise _bad_url(source, url, "no socket path", "unix:///run/redis.sock?db=0")
+        else:
+            if not parsed.hostname:
+                raise _bad_url(source, url, "no host", example)
+            parsed.port  # noqa: B018 - raises ValueError for a port that is not 0-65535
+            db = parsed.path.strip("/")
+            if db and not db.isdigit():
+                raise _bad_url(source, url, f"the database must be a number, not {db!r}", example)
+        from urllib.parse import parse_qsl
+
+        for key, value in parse_qsl(parsed.query, keep_blank_values=True):
+            if key == "db" and not value.isdigit():
+                raise _bad_url(source, url, f"db must be a number, not {value!r}", example)
+        # What redis-py itself parses (query options, ports), without the cluster flag.
+        from redis.connection import parse_url
+
+        plain = parsed._replace(
+            scheme=scheme.replace("+cluster", ""),
+            query="&".join(f"{k}={v}" for k, v in parse_qsl(parsed.query) if k != "cluster"),
+        ).geturl()
+        parse_url(plain)
+    except CliError:
+        raise
+    except ValueError as exc:
+        raise _bad_url(source, url, str(exc), example) from None
+
+
+def check_objects_url(url: str, source: str = "--objects") -> None:
+    """Refuse an object-store URL the store or boto3 would refuse when connecting."""
+    example = "s3://bucket/prefix?endpoint=http://localhost:9000, file:///dir or a directory"
+    try:
+        parsed = urlparse(url)
+        scheme = parsed.scheme.lower()
+        if scheme == "memory":
+            return
+        if scheme == "file":
+            if not parsed.path and not parsed.netloc:
+                raise _bad_url(source, url, "no directory", example)
+            return
+        if scheme != "s3":
+            raise _bad_url(source, url, "the scheme must be s3:// or file:// (or give a directory)",
+                           example)
+        from store.objects import parse_s3_url
+
+        config = parse_s3_url(url)
+        if config.endpoint_url is not None:
+            endpoint = urlparse(config.endpoint_url)
+            if endpoint.scheme not in ("http", "https") or not endpoint.hostname:
+                raise _bad_url(source, url, f"endpoint {config.endpoint_url!r} is not an http:// or "
+                               "https:// URL", example)
+            endpoint.port  # noqa: B018 - raises ValueError for a bad port
+        if config.region is not None and not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", config.region):
+            raise _bad_url(source, url, f"region {config.region!r} is not a region name", example)
+    except CliError:
+        raise
+    except ValueError as exc:  # InvalidInputError included: parse_s3_url's own refusals
+        raise _bad_url(source, url, str(exc), example) from None
 
 
 def open_store(config: Config, **options: Any) -> Any:
@@ -171,7 +258,15 @@ def open_store(config: Config, **options: Any) -> Any:
 
     options.setdefault("redis_prefix", config.redis_prefix)
     options.setdefault("allow_unsafe_backend", config.allow_unsafe_backend)
-    return SessionStore.from_url(config.objects_url, config.redis_url, **options)
+    try:
+        return SessionStore.from_url(config.objects_url, config.redis_url, **options)
+    except SessionStoreError:
+        raise
+    except ValueError as exc:
+        # A client library refusing a URL that check_*_url let through: still the user's
+        # configuration, never an internal error.
+        raise CliError(f"bad backend URL ({config.objects_url!r}, {config.redis_url or 'embedded'}): "
+                       f"{exc}", Exit.USAGE) from None
 
 
 # --- output ----------------------------------------------------------------------------------
@@ -229,6 +324,16 @@ def human_bytes(n: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{n} B"  # pragma: no cover
+
+
+def iso_of_ms(ms: int | None) -> str | None:
+    """Epoch milliseconds as ISO 8601 UTC (``2026-11-22T10:00:00.000Z``), like pi's timestamps."""
+    if ms is None:
+        return None
+    from datetime import datetime, timezone
+
+    when = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 def human_age(ms: int | None, now_ms: int) -> str:

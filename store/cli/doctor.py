@@ -160,7 +160,10 @@ def _redis_checks(checks: list[Check], config: Config) -> None:
                 return "fail", "no --redis given and the objects are not a local directory: the embedded Redis needs file://"
             embedded = EmbeddedRedis(directory / ".redis")
             url = embedded.ensure_running()
-            return "ok", f"embedded redis-server ({redis_server_binary()}) in {embedded.dir}"
+            started = ""
+            if embedded.started_here:
+                started = f"; started now (pid {embedded.pid()}), it keeps running: `sessionstore embedded stop` stops it"
+            return "ok", f"embedded redis-server ({redis_server_binary()}) in {embedded.dir}{started}"
 
         if not _run(checks, "redis: embedded server", embedded):
             return

@@ -45,6 +45,7 @@ from store.cli.common import (
 )
 from store.cli.render import StatusLine, draw_tree
 from store.demo.options import DemoSize, size_from
+from store.errors import SessionStoreError
 
 if TYPE_CHECKING:
     from store.cli.commands import Ctx
@@ -440,25 +441,20 @@ def _schedule(store: SessionStore, fleet: Fleet, plans: dict[str, Plan], stats: 
 
 
 def _purge(store: SessionStore, sid: str, secret: str) -> bool:
-    """Compact the redacted session and GC it until no object holds the secret (or the
-    grace period recorded by the compactor worker's manifests, seconds here, is long over;
-    ``check_redaction`` then reports what is left). False if the compaction could not run.
+    """Delete the redacted text from storage now, as an operator answering an erasure
+    request does (``sessionstore redact --purge-now``): compact, then delete every object the
+    new manifest does not reach (``compactor.purge``). ``check_redaction`` then looks for the
+    secret in every object. False if the purge could not run.
     """
     from compactor import Compactor, CompactorOptions
+    from compactor.purge import purge_now
 
-    oneshot = Compactor(store, CompactorOptions(grace_ms=0, worker="demo-final"))
-    result = oneshot.compact_session(sid)
-    if result.outcome not in ("compacted", "nothing"):
+    try:
+        purge_now(Compactor(store, CompactorOptions(worker="demo-final")), sid)
+    except SessionStoreError as exc:
+        err(f"sessionstore demo: purge failed ({exc})")
         return False
-    needle = secret.encode()
-    deadline = time.monotonic() + COMPACTOR_GRACE_S + 5
-    while True:
-        oneshot.gc_session(sid)
-        holders = [i.key for i in store.objects.list(store.layout.session_prefix(sid))
-                   if needle in store.objects.get(i.key).data]
-        if not holders or time.monotonic() > deadline:
-            return True
-        time.sleep(0.25)
+    return True
 
 
 def _pick_tree_session(store: SessionStore, sessions: list[str]) -> str | None:
@@ -597,6 +593,10 @@ def run_demo(args: argparse.Namespace, ctx: Ctx) -> dict[str, Any]:
         if store is not None:
             if not args.keep and loc.external:
                 _cleanup_external(store, loc)
+            if not args.keep:
+                # Before the store closes: a store that started the embedded server says on
+                # close that it leaves it running, which would not be true here.
+                _stop_embedded(loc)
             store.close()
         _cleanup_local(loc, log_dir, keep=bool(args.keep))
         report.setdefault("summary", {})
@@ -660,10 +660,7 @@ def _cleanup_external(store: SessionStore, loc: Location) -> None:
         err(f"sessionstore demo: could not remove the run's data ({exc})")
 
 
-def _cleanup_local(loc: Location, log_dir: Path, *, keep: bool) -> None:
-    if keep:
-        err(f"kept the demo's logs in {log_dir}")
-        return
+def _stop_embedded(loc: Location) -> None:
     if loc.embedded_dir is not None:
         from store.embedded import EmbeddedRedis
 
@@ -671,6 +668,13 @@ def _cleanup_local(loc: Location, log_dir: Path, *, keep: bool) -> None:
             EmbeddedRedis(loc.embedded_dir).stop()
         except Exception as exc:
             err(f"sessionstore demo: could not stop the embedded redis-server ({exc})")
+
+
+def _cleanup_local(loc: Location, log_dir: Path, *, keep: bool) -> None:
+    if keep:
+        err(f"kept the demo's logs in {log_dir}")
+        return
+    _stop_embedded(loc)
     for d in loc.remove_dirs:
         shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(log_dir, ignore_errors=True)

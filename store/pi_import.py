@@ -1,0 +1,307 @@
+"""Importing a pi session file into a store that may already hold its session.
+
+A pi file names its session in its header. What an import does with that id
+(docs/pi-format.md, "Importing into a store"):
+
+- **No such session**: it is created with the file's header, and the file's entries are
+  appended in deterministic batches.
+- **The session exists with the same header** (and is not a fork), and
+  - its entries are the file's first entries, in order, with the same content: the rest of
+    the file is appended (pi kept writing the file since the last import). A file holding
+    no more than the session (the same file again, or the session grew in the store since)
+    changes nothing. A redacted entry counts as the same entry.
+  - anything else (an entry of another content or in another place): refused with
+    :class:`ImportConflictError`, **nothing written**. Two different files that share a
+    header id never merge into one session with several roots.
+- **The session exists with another header** (or is a fork): refused the same way.
+
+``on_conflict="new-id"`` imports a refused file under the first free id of
+``<id>-2``, ``<id>-3``, ... instead (one that holds a prefix of the file counts as its own,
+so importing the same files again, in the same order, lands in the same sessions).
+
+Everything is decided before the first write: the file is scanned in full
+(``store.pi_format.scan_pi_file``), and its entries are compared with the stored ones before
+any new one is sent. Appends are strict on the tail (each batch expects the previous one's
+last entry), so a session that changes during the import is compared again, never merged
+blindly; the batches are the same on every import, so a concurrent import of the same file
+meets its own batches as duplicates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from store.errors import (
+    BatchTooLargeError,
+    ConflictError,
+    ContentionError,
+    InvalidEntryError,
+    SessionExistsError,
+    SessionStoreError,
+)
+from store.layout import SESSION_ID_RE, check_session_id
+
+if TYPE_CHECKING:
+    from store.core import SessionHandle, SessionStore
+    from store.pi.scan import PiScan
+
+OnConflict = Literal["refuse", "new-id"]
+
+#: Rounds of "compare, then append" when other writers change the session meanwhile.
+_ROUNDS = 5
+#: Ids tried by ``on_conflict="new-id"``: ``<id>-2`` .. ``<id>-<this>``.
+_MAX_SUFFIX = 1000
+
+
+class ImportConflictError(SessionExistsError):
+    """A pi file's session id is taken by a session with other content. Nothing was written.
+
+    ``detail`` says where they differ (the header, or the first entry that differs).
+    """
+
+    def __init__(self, session_id: str, detail: str) -> None:
+        self.session_id = session_id
+        self.detail = detail
+        SessionStoreError.__init__(
+            self,
+            f"session {session_id!r} already exists with other content ({detail}); "
+            "nothing imported: import it under another id",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult:
+    """What one import did."""
+
+    handle: "SessionHandle"
+    session_id: str
+    #: ``created``: a new session; ``extended``: entries appended to the session the file
+    #: continues; ``unchanged``: the session already held every entry of the file.
+    status: str
+    #: Entries in the file (after pi's migration).
+    entries: int
+    #: Entries this import appended.
+    appended: int
+    #: The file's own session id (its header's), when the import went elsewhere.
+    header_id: str | None = None
+
+
+def import_pi_file(
+    store: "SessionStore",
+    source: Any,
+    session_id: str | None = None,
+    *,
+    on_conflict: OnConflict = "refuse",
+) -> ImportResult:
+    """Import a pi file (path, bytes, text or stream; v1, v2 or v3) by the rules above."""
+    from store.pi.scan import scan_pi_file
+
+    if on_conflict not in ("refuse", "new-id"):
+        raise ValueError(f"on_conflict must be 'refuse' or 'new-id', not {on_conflict!r}")
+    if session_id is not None:
+        check_session_id(session_id)  # refuse a bad id before reading the whole file
+    with scan_pi_file(source, entry_check=_storable_check(store)) as scan:
+        header = scan.require_header()
+        if scan.forward_parent is not None:
+            line, entry_id, parent_id = scan.forward_parent
+            raise InvalidEntryError(
+                f"line {line}: parentId {parent_id!r} names an entry further down the "
+                "file (pi accepts that; the store needs parents first)",
+                entry_id=entry_id,
+            )
+        sid = check_session_id(session_id if session_id is not None else header.get("id"))
+        try:
+            return _import_into(store, scan, header, sid)
+        except ImportConflictError:
+            if on_conflict == "refuse":
+                raise
+        for n in range(2, _MAX_SUFFIX + 1):
+            candidate = _suffixed(sid, n)
+            try:
+                result = _import_into(store, scan, header, candidate)
+            except ImportConflictError:
+                continue
+            return replace(result, header_id=str(header.get("id")))
+        raise ImportConflictError(sid, f"and so are {sid}-2 .. {sid}-{_MAX_SUFFIX}")
+
+
+def _suffixed(sid: str, n: int) -> str:
+    suffix = f"-{n}"
+    candidate = sid[: 128 - len(suffix)] + suffix
+    if not SESSION_ID_RE.match(candidate):  # pragma: no cover - a valid id stays valid
+        raise ImportConflictError(sid, "no valid id to import it under")
+    return candidate
+
+
+def _import_into(
+    store: "SessionStore", scan: "PiScan", header: dict[str, Any], sid: str
+) -> ImportResult:
+    from store.core import SessionHandle
+
+    pi_header = dict(header)
+    status = "extended"
+    try:
+        handle = store.create_session(sid, pi_header=pi_header)
+        status = "created"
+    except SessionExistsError:
+        existing = store.get_header(sid)
+        if existing.fork is not None:
+            raise ImportConflictError(sid, "it is a fork of another session") from None
+        if existing.pi_header != pi_header:
+            raise ImportConflictError(sid, _header_difference(existing.pi_header, pi_header)) from None
+        handle = SessionHandle(store, existing)
+    fresh = status == "created"  # known empty: nothing stored to compare with
+    for _ in range(_ROUNDS):
+        try:
+            appended = _append_rest(store, scan, sid, fresh=fresh)
+        except ConflictError:
+            fresh = False
+            continue  # another writer moved the tail: compare again
+        if status != "created" and appended == 0:
+            status = "unchanged"
+        return ImportResult(handle, sid, status, scan.entry_count, appended)
+    raise ContentionError(f"session {sid!r} kept changing during the import; try again")
+
+
+def _append_rest(store: "SessionStore", scan: "PiScan", sid: str, *, fresh: bool) -> int:
+    """Compare the stored entries with the file's first ones, then append the rest of the
+    file, each batch strict on the tail the previous one left. Returns how many were sent."""
+    from store.core import _chunks, _storable
+    from store.entries import entry_hash, prepare_batch
+    from store.pi.scan import iter_pi_entries
+    from store.records import EMPTY_TAIL
+    from store.model.rules import is_tombstone
+
+    if fresh:
+        stored: list[tuple[str, str, dict[str, Any] | None]] = []
+        tail = ""
+    else:
+        data = store.read_session(sid)
+        # Ids and hashes only: the entries themselves need not stay in memory.
+        stored = [
+            (str(e["id"]), entry_hash(e), dict(e) if is_tombstone(e) else None) for e in data.entries
+        ]
+        tail = data.last_entry_id
+    options = store.options
+    file_ids = scan.entry_ids
+    position = 0
+
+    def rest() -> Any:
+        nonlocal position
+        for entry in iter_pi_entries(scan):
+            if position < len(stored):
+                _same_or_refuse(sid, position, stored[position], entry, scan, _storable, entry_hash)
+                position += 1
+                continue
+            position += 1
+            yield entry
+
+    sent = 0
+    expected = tail or EMPTY_TAIL
+    for chunk in _chunks(rest(), options.max_batch_entries, options.max_batch_bytes):
+        batch = prepare_batch(
+            chunk, max_bytes=options.max_batch_bytes, max_entries=options.max_batch_entries,
+            strict=False,
+        )
+        del chunk
+        # pi keeps entries whose parent is missing (orphans become roots); so does an import.
+        # Parents in the file come first (the scan checked): in an earlier batch.
+        batch = replace(
+            batch, external_parents=tuple(p for p in batch.external_parents if p[1] in file_ids)
+        )
+        result = _append_batch(store, sid, batch, expected)
+        expected = result.last_appended_entry_id
+        sent += len(batch.ids)
+        del batch
+    return sent
+
+
+def _append_batch(store: "SessionStore", sid: str, batch: Any, expected: str | None) -> Any:
+    """Append a batch prepared here (``strict=False``: pi's entries as pi reads them) through
+    the store's append protocol (``store/append.py``), as ``append_session_entries`` does
+    after validating strictly."""
+    store._ensure_probed()  # a write: the backend's conditional creates are checked first
+    return store.appender.append(sid, batch, expected)
+
+
+def _same_or_refuse(
+    sid: str,
+    position: int,
+    stored: tuple[str, str, dict[str, Any] | None],
+    entry: dict[str, Any],
+    scan: "PiScan",
+    storable: Any,
+    entry_hash: Any,
+) -> None:
+    stored_id, stored_hash, tombstone = stored
+    line = scan.entry_lines[position] if position < len(scan.entry_lines) else "?"
+    if entry["id"] != stored_id:
+        raise ImportConflictError(
+            sid, f"entry {position + 1} is {stored_id!r} in the store but {entry['id']!r} in the file, "
+            f"line {line}"
+        )
+    if entry_hash(storable(entry)[0]) == stored_hash:
+        return
+    if tombstone is not None and all(tombstone.get(k) == entry.get(k) for k in ("type", "id", "parentId", "timestamp")):
+        return  # redacted in the store: the same entry, its content hidden
+    raise ImportConflictError(
+        sid, f"entry {stored_id!r}, line {line} of the file, has other content in the store"
+    )
+
+
+def _header_difference(stored: dict[str, Any], new: dict[str, Any]) -> str:
+    for key in sorted(set(stored) | set(new)):
+        if stored.get(key) != new.get(key):
+            return f"its header's {key!r} is {stored.get(key)!r} in the store and {new.get(key)!r} in the file"
+    return "its header differs"  # pragma: no cover
+
+
+def _storable_check(store: "SessionStore") -> Any:
+    """Pass 1's extra check: what a batch would refuse, found before anything is written."""
+    from store.core import _storable
+    from store.entries import MAX_ID_LENGTH
+
+    max_bytes = store.options.max_batch_bytes
+
+    def storable(entry: dict[str, Any], line: int) -> None:
+        entry_id = entry["id"]
+        if len(entry_id) > MAX_ID_LENGTH:
+            raise InvalidEntryError(f"line {line}: 'id' is longer than {MAX_ID_LENGTH}", entry_id=entry_id)
+        size = _storable(entry)[1]
+        if size is None:
+            raise InvalidEntryError(f"line {line}: nested too deeply to be stored as JSON", entry_id=entry_id)
+        if size > max_bytes:
+            raise BatchTooLargeError(
+                f"line {line}: entry {entry_id!r} takes {size} bytes, over the batch limit of "
+                f"{max_bytes} bytes"
+            )
+
+    return storable
+
+
+def peek_header_id(path: Any) -> str | None:
+    """The session id a pi file's header names, from its first JSON value only (None when
+    that is not a session header with a string id, or cannot be read). Cheap: for grouping
+    files by session before importing them."""
+    import orjson
+
+    try:
+        with open(path, "rb") as fh:
+            for raw in fh:
+                line = raw.strip()
+                if not line:
+                    continue
+                try:
+                    value = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue  # pi skips an unparseable line
+                if isinstance(value, dict) and value.get("type") == "session" and isinstance(value.get("id"), str):
+                    return str(value["id"])
+                return None
+    except OSError:
+        return None
+    return None
+
+
+__all__ = ["ImportConflictError", "ImportResult", "OnConflict", "import_pi_file", "peek_header_id"]
