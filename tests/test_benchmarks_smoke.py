@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,72 @@ def test_smoke_run_produces_every_figure(tmp_path: Path) -> None:
         assert meta["plot"] is None
     else:
         assert meta["plot"] and Path(meta["plot"]).is_file()
+
+
+def test_without_moto_the_smoke_run_falls_back_to_the_embedded_default(tmp_path: Path) -> None:
+    """After the README's first install (`pip install -e '.[embedded]'`) there is no moto: the
+    default run uses the embedded default instead of ending in a traceback."""
+    out = tmp_path / "results"
+    # moto made unimportable in the benchmark's own process (where the backend is chosen).
+    code = ("import sys; sys.modules['moto'] = None\n"
+            "from benchmarks.cli import main\n"
+            f"sys.exit(main(['--smoke', '--only', 'append,local', '--no-plot', '--out', {str(out)!r}]))\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr
+    assert "moto is not installed" in proc.stderr and "embedded default instead" in proc.stderr
+    data = json.loads((out / "latest.json").read_text())
+    assert data["meta"]["backend"]["kind"] == "embedded"
+    assert "append.b1.store.p50_ms" in data["figures"]
+
+
+# --- packaging: benchmarks run from a checkout, they are not installed ----------------------------
+
+
+def _pyproject() -> dict[str, object]:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_only_the_store_packages_are_discovered_for_the_wheel() -> None:
+    from setuptools import find_packages
+
+    find = _pyproject()["tool"]["setuptools"]["packages"]["find"]  # type: ignore[index]
+    packages = find_packages(where=str(REPO), include=find["include"], exclude=find.get("exclude", ()))
+    assert {p.split(".")[0] for p in packages} == {"store", "coordination", "compactor"}, packages
+    assert {"store.cli", "store.demo"} <= set(packages)  # the subpackages come along
+
+
+@pytest.mark.timeout(300)
+def test_the_wheel_holds_no_benchmarks_package(tmp_path: Path) -> None:
+    """Build the wheel from a copy of the sources and read its file list."""
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        (src / name).write_bytes((REPO / name).read_bytes())
+    ignore = shutil.ignore_patterns("__pycache__", "results", "*.egg-info")
+    for name in ("store", "coordination", "compactor", "benchmarks"):
+        shutil.copytree(REPO / name, src / name, ignore=ignore)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(src)],
+                          capture_output=True, text=True, timeout=280)
+    if proc.returncode != 0 and any(s in proc.stderr for s in ("NewConnectionError", "No matching distribution",
+                                                              "Could not find a version")):
+        pytest.skip(f"no package index to build with: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("sessionstore-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"store", "coordination", "compactor"}, sorted(top)
+    assert "store/cli/__init__.py" in names and "compactor/purge.py" in names
+
+
+def test_python_m_benchmarks_works_from_a_checkout() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--help"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "python -m benchmarks" in proc.stdout, proc.stderr
