@@ -15,19 +15,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from store.pi.migrate import v2_to_v3_entry
+
 Entries = list[dict[str, Any]]
 
 
 def _v0_to_v1(entries: Entries) -> Entries:
     """Schema 0 stored pi v2 entries; schema 1 stores pi v3 (pi's own v2 -> v3 step:
     message role ``hookMessage`` became ``custom``)."""
-    out: Entries = []
-    for entry in entries:
-        message = entry.get("message") if entry.get("type") == "message" else None
-        if isinstance(message, dict) and message.get("role") == "hookMessage":
-            entry = {**entry, "message": {**message, "role": "custom"}}
-        out.append(entry)
-    return out
+    return [v2_to_v3_entry(entry) for entry in entries]
 
 
 MIGRATIONS: list[Callable[[Entries], Entries]] = [_v0_to_v1]

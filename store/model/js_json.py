@@ -36,6 +36,7 @@ __all__ = [
     "encode_json",
     "normalize_in_place",
     "normalize_js_value",
+    "reject_constant",
 ]
 
 _MAX_SAFE_INT: Final = 2**53
@@ -137,11 +138,13 @@ def _quote(text: str) -> bytes:
     return b"".join(out)
 
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
+    """``parse_constant`` of a :class:`json.JSONDecoder` that, like ``JSON.parse``, refuses
+    ``NaN``, ``Infinity`` and ``-Infinity``."""
     raise ValueError(f"{name} is not JSON")
 
 
-_ESCAPE_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_ESCAPE_DECODER = json.JSONDecoder(parse_constant=reject_constant)
 
 
 def decode_json(data: bytes) -> Any:
@@ -215,10 +218,6 @@ def _js_key_order(obj: dict[str, Any]) -> list[str] | None:
     first = set(index_keys)
     order = index_keys + [k for k in obj if k not in first]
     return None if order == list(obj) else order
-
-
-# A high surrogate followed by a low one: one character to JavaScript, two code points here.
-_SPLIT_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 
 
 def _join_pairs(text: str) -> str:

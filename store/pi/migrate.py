@@ -23,9 +23,9 @@ __all__ = [
     "Plan",
     "final_entries",
     "migrate_header",
-    "migrate_v2_entry",
     "mint_id",
     "mint_ids",
+    "v2_to_v3_entry",
     "wanted_forward",
 ]
 
@@ -169,12 +169,18 @@ def _migrate_v1_entry(
     del value["firstKeptEntryIndex"]
 
 
-def migrate_v2_entry(value: dict[str, Any]) -> None:
-    """pi's v2->v3 step for an entry, in place (idempotent)."""
-    if value.get("type") == "message":
-        message = value.get("message")
-        if isinstance(message, dict) and message.get("role") == "hookMessage":
-            message["role"] = "custom"
+def v2_to_v3_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """pi's v2->v3 step for an entry: message role ``hookMessage`` became ``custom``.
+
+    The one definition of the rule: the store's schema 0 -> 1 migration
+    (:mod:`store.migrations`) is this step too. Pure and idempotent: returns ``entry`` itself
+    when the step changes nothing, else a copy (``entry`` and its message copied shallowly,
+    key order kept); ``entry`` is never changed.
+    """
+    message = entry.get("message") if entry.get("type") == "message" else None
+    if isinstance(message, dict) and message.get("role") == "hookMessage":
+        return {**entry, "message": {**message, "role": "custom"}}
+    return entry
 
 
 def final_entries(
@@ -191,6 +197,6 @@ def final_entries(
         if plan.v1:
             _migrate_v1_entry(value, position, number, plan, sessions)
         if plan.v2_to_v3:
-            migrate_v2_entry(value)
+            value = v2_to_v3_entry(value)
         number += 1
         yield lineno, value

@@ -19,13 +19,9 @@ import orjson
 
 from store.errors import InvalidEntryError
 from store.model.js import MISSING, js_trim, js_trim_end, js_trim_start
-from store.model.js_json import Unholdable, normalize_in_place
+from store.model.js_json import Unholdable, normalize_in_place, reject_constant
 
 __all__ = ["Parser"]
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _parse_int_js(text: str) -> int | float:
@@ -34,7 +30,7 @@ def _parse_int_js(text: str) -> int | float:
     return int(text) if len(text) <= 400 else float(text)
 
 
-_SLOW_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_int=_parse_int_js)
+_SLOW_DECODER = json.JSONDecoder(parse_constant=reject_constant, parse_int=_parse_int_js)
 
 
 class _TooDeep(ValueError):

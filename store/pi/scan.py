@@ -36,8 +36,8 @@ from store.pi.migrate import (
     Plan,
     final_entries,
     migrate_header,
-    migrate_v2_entry,
     mint_ids,
+    v2_to_v3_entry,
     wanted_forward,
 )
 from store.pi.parse import Parser
@@ -50,6 +50,12 @@ __all__ = [
     "read_pi_file",
     "scan_pi_file",
 ]
+
+
+def _require_header(header: dict[str, Any] | None, empty_reason: str | None) -> dict[str, Any]:
+    if header is None:
+        raise InvalidEntryError(f"not a pi session file: {empty_reason}", index=0)
+    return header
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +87,7 @@ class PiFile:
 
     def require_header(self) -> dict[str, Any]:
         """The header, or :class:`InvalidEntryError` if pi would treat the file as empty."""
-        if self.header is None:
-            raise InvalidEntryError(f"not a pi session file: {self.empty_reason}", index=0)
-        return self.header
+        return _require_header(self.header, self.empty_reason)
 
     def to_session(self) -> Session:
         return Session(self.require_header(), self.entries)
@@ -137,9 +141,7 @@ class PiScan:
 
     def require_header(self) -> dict[str, Any]:
         """The header, or :class:`InvalidEntryError` if pi would treat the file as empty."""
-        if self.header is None:
-            raise InvalidEntryError(f"not a pi session file: {self.empty_reason}", index=0)
-        return self.header
+        return _require_header(self.header, self.empty_reason)
 
     def close(self) -> None:
         if self._source is not None:
@@ -326,9 +328,7 @@ def _check_values(
         if value.get("type") == "session":
             dropped.append(lineno)
             continue
-        if plan.v2_to_v3:
-            migrate_v2_entry(value)
-        add(lineno, value)
+        add(lineno, v2_to_v3_entry(value) if plan.v2_to_v3 else value)
 
 
 def _empty_scan(parser: Parser, content_hash: bytes, source: Replay) -> PiScan:
