@@ -482,6 +482,8 @@ class S3ObjectStore(ObjectStore):
         self.bucket = config.bucket
         #: Listings read directory by directory (None: not known yet, see S3Config.listing).
         self._tree_listing: bool | None = {"flat": False, "tree": True}.get(config.listing)
+        #: MaxKeys of a listing page (None: the server's, 1,000); small in tests of paging.
+        self._page_size: int | None = None
 
     def _sse_args(self) -> dict[str, str]:
         args: dict[str, str] = {}
@@ -574,8 +576,8 @@ class S3ObjectStore(ObjectStore):
             args["StartAfter"] = start_after
         if delimiter:
             args["Delimiter"] = delimiter
-        if max_keys:
-            args["MaxKeys"] = max_keys
+        if max_keys or self._page_size:
+            args["MaxKeys"] = max_keys or self._page_size
         self._count("list")
         try:
             resp: dict[str, Any] = self.client.list_objects_v2(**args)
