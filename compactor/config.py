@@ -54,6 +54,9 @@ class CompactorOptions:
     read_ahead: int = 4
     #: Compaction records of earlier generations carried forward in each manifest.
     history_limit: int = 50
+    #: How far apart the clocks of the machines may be (ms). A purge (``compactor/purge.py``)
+    #: waits this much beyond a rebuild's age limit before it deletes segments.
+    clock_skew_ms: int = 2_000
     #: Named in each manifest it writes and in the job group (consumer name).
     worker: str = ""
 

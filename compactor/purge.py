@@ -22,8 +22,10 @@ What the guarantees become without the grace period (docs/compaction.md, "Purge 
   manifest ``L`` when it checks for a newer one) and starts over from L: it gets a restart,
   never wrong data. The store's read protocol already handles objects retired under it.
 - A writer paused between its check and its PUT of a slot L merged (and the purge deleted)
-  re-creates that slot where no reader looks. Before deleting segments the purge fences
-  slots ``1..L.through_seq`` in Redis, as GC does, so that writer's COMMIT answers that the
+  re-creates that slot where no reader looks. Before deleting segments the purge waits until
+  no rebuild of Redis's state that read the session before L can still be installed (the
+  rebuild age limit, a minute by default, plus the clock skew), then fences slots
+  ``1..L.through_seq`` in Redis, as GC does, so that writer's COMMIT answers that the
   slot is retired: its object is withdrawn and it checks again, never acknowledged for a dead
   slot. Without Redis no segment is deleted (``BackendUnavailableError``: try again).
 - A compactor working from an older manifest loses the race for its manifest (and deletes
@@ -37,12 +39,14 @@ lifecycle rule expires them, and backups keep what they copied.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from compactor.records import CompactionResult
 from store.errors import ContentionError
 from store.layout import check_session_id
+from store.manifest import Manifest
 
 if TYPE_CHECKING:
     from compactor.compact import Compactor
@@ -116,6 +120,7 @@ def purge_now(compactor: "Compactor", session_id: str, *, through_seq: int | Non
         elif parsed.kind == "base" and key not in live_bases and parsed.number <= latest.generation:
             due.append(("base", key))
     if any(kind == "segment" for kind, _ in due):
+        _wait_out_rebuilds(compactor, latest)
         _fence(compactor, sid, inc, latest.through_seq)
     for kind in _KINDS:
         keys = [k for d, k in due if d == kind]
@@ -128,6 +133,23 @@ def purge_now(compactor: "Compactor", session_id: str, *, through_seq: int | Non
                "deleted": len(due), "compactions": len(runs)},
     )
     return PurgeResult(sid, latest.generation, latest.through_seq, tuple(runs), tuple(due))
+
+
+def _wait_out_rebuilds(compactor: "Compactor", latest: Manifest) -> None:
+    """Wait until no rebuild of Redis's state that read the session before ``latest`` was
+    created can still be installed (``StoreOptions.rebuild_max_age_ms``, plus the clock skew):
+    after that, the fence below cannot be undone by a stale rebuild after a Redis flush, which
+    is what GC gets from its grace period (docs/design.md, "Pauses"). At most about a minute
+    with the defaults."""
+    created = latest.created_ms or latest.finished_at_ms
+    if created is None:
+        created = compactor.now()
+    ready = created + compactor.store.options.rebuild_max_age_ms + compactor.options.clock_skew_ms
+    wait_ms = ready - compactor.now()
+    if wait_ms > 0:
+        log.info("waiting for rebuilds older than the manifest to expire",
+                 extra={"wait_ms": wait_ms, "generation": latest.generation})
+        time.sleep(wait_ms / 1000)
 
 
 def _fence(compactor: "Compactor", sid: str, inc: str, through_seq: int) -> None:

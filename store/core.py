@@ -21,15 +21,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-import orjson
-
-from dataclasses import replace
-
 from coordination.redis import Coordinator, Subscription, TailState
 from store.append import Appender
 from store.clock import iso_now
 from store.context import StoreContext
-from store.entries import encode_json, prepare_batch
+from store.entries import prepare_batch
 from store.errors import (
     BackendError,
     BackendUnavailableError,
@@ -37,9 +33,9 @@ from store.errors import (
     ContentionError,
     EntryNotFoundError,
     InvalidInputError,
-    SessionExistsError,
     SessionNotFoundError,
 )
+from store.handles import SessionHandle
 from store.headers import HeaderStore, new_header, uuid7
 from store.layout import Layout, check_session_id
 from store.manifest import Manifest, ManifestStore
@@ -457,84 +453,21 @@ class SessionStore:
         raise ContentionError(f"session {sid!r}: redaction lost every round to other writers")
 
     def import_pi_session(
-        self, source: Any, session_id: str | None = None
+        self, source: Any, session_id: str | None = None, *, on_conflict: str = "refuse"
     ) -> "SessionHandle":
         """Import a pi session file (v1, v2 or v3; path, bytes, text or stream).
 
-        Stored migrated to v3 exactly as pi migrates it. Idempotent: importing the same file
-        into the same session again changes nothing and returns the session.
-
-        Streams in two passes (``store.pi_format.scan_pi_file``, then ``iter_pi_entries``):
-        memory holds one batch plus about 130 bytes per entry, whatever the file's size.
-        Pass 1 checks everything, including what a batch would refuse later, so a refused
-        file writes nothing. Pass 2 sends the entries in the same deterministic batches on
-        every import, which is what lets a re-import hit the duplicate path. A stream that
-        cannot be read twice is spooled to a temporary file; lines appended to a file between
-        the passes (pi writing to a live session) are left for the next import.
+        Stored migrated to v3 exactly as pi migrates it. Importing the same file again changes
+        nothing; a longer version of it (the stored session is a prefix of the file) appends
+        the new entries; a file whose session id is taken by other content is refused with
+        ``store.pi_import.ImportConflictError`` having written nothing, or with
+        ``on_conflict="new-id"`` imported under ``<id>-2``, ``<id>-3``, ... The rules and the
+        streaming (memory holds one batch, whatever the file's size) are in
+        ``store/pi_import.py``.
         """
-        from store.entries import MAX_ID_LENGTH
-        from store.errors import BatchTooLargeError, InvalidEntryError
-        from store.pi_format import iter_pi_entries, scan_pi_file
+        from store.pi_import import import_pi_file
 
-        max_bytes = self.options.max_batch_bytes
-        max_entries = self.options.max_batch_entries
-        if session_id is not None:
-            check_session_id(session_id)  # refuse a bad id before reading the whole file
-
-        def storable(entry: dict[str, Any], line: int) -> None:
-            # Pass 1 sees every entry as pass 2 will send it. The model's rules (string ids,
-            # no duplicates, no cycles, finite numbers) are the scan's own; these are the
-            # other refusals of prepare_batch, which would otherwise come after earlier
-            # batches were written. Batches are then cut under both limits (_chunks).
-            entry_id = entry["id"]
-            if len(entry_id) > MAX_ID_LENGTH:
-                raise InvalidEntryError(
-                    f"line {line}: 'id' is longer than {MAX_ID_LENGTH}", entry_id=entry_id
-                )
-            size = _storable(entry)[1]
-            if size is None:
-                raise InvalidEntryError(
-                    f"line {line}: nested too deeply to be stored as JSON", entry_id=entry_id
-                )
-            if size > max_bytes:
-                raise BatchTooLargeError(
-                    f"line {line}: entry {entry_id!r} takes {size} bytes, over the batch "
-                    f"limit of {max_bytes} bytes"
-                )
-
-        with scan_pi_file(source, entry_check=storable) as scan:
-            header = scan.require_header()
-            if scan.forward_parent is not None:
-                line, entry_id, parent_id = scan.forward_parent
-                raise InvalidEntryError(
-                    f"line {line}: parentId {parent_id!r} names an entry further down the "
-                    "file (pi accepts that; the store needs parents first)",
-                    entry_id=entry_id,
-                )
-            sid = check_session_id(session_id if session_id is not None else header.get("id"))
-            pi_header = dict(header)
-            try:
-                handle = self.create_session(sid, pi_header=pi_header)
-            except SessionExistsError:
-                existing = self.headers.read(sid)
-                if existing.pi_header != pi_header or existing.fork is not None:
-                    raise
-                handle = SessionHandle(self, existing)
-            # pi keeps entries whose parent is missing (orphans become roots); so does an
-            # import. Parents in the file come first (checked above): in an earlier batch.
-            file_ids = scan.entry_ids
-            for chunk in _chunks(iter_pi_entries(scan), max_entries, max_bytes):
-                batch = prepare_batch(
-                    chunk, max_bytes=max_bytes, max_entries=max_entries, strict=False
-                )
-                del chunk  # the batch holds the entries; the next chunk must not meet this list
-                batch = replace(
-                    batch,
-                    external_parents=tuple(p for p in batch.external_parents if p[1] in file_ids),
-                )
-                self.appender.append(sid, batch, None)
-                del batch  # likewise: one batch in memory at a time
-        return handle
+        return import_pi_file(self, source, session_id, on_conflict=on_conflict).handle  # type: ignore[arg-type]
 
     def export_pi_session(self, session_id: str) -> str:
         """A self-contained pi v3 file: pi opens it with the same entries, leaf and context.
@@ -557,98 +490,4 @@ class SessionStore:
             yield info.key
 
 
-def _wide_ints_as_floats(value: Any) -> Any:
-    """A copy of ``value`` with JSON numbers past 64 bits as JavaScript holds them: doubles
-    (orjson cannot encode such ints; pi has already rounded them, so the double is exact and
-    exports the same digits). Iterative: entries may nest deeper than Python recurses."""
-
-    def convert(item: Any) -> Any:
-        t = type(item)
-        if t is int and not (-(2**63) <= item < 2**64):
-            return float(item)
-        if t is dict:
-            return {}
-        if t is list:
-            return []
-        return item
-
-    root = convert(value)
-    stack = [(value, root)] if type(value) is dict or type(value) is list else []
-    while stack:
-        source, target = stack.pop()
-        pairs = source.items() if type(source) is dict else enumerate(source)
-        for key, item in pairs:
-            copied = convert(item)
-            if type(target) is dict:
-                target[key] = copied
-            else:
-                target.append(copied)
-            if type(item) is dict or type(item) is list:
-                stack.append((item, copied))
-    return root
-
-
-def _storable(entry: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
-    """``entry`` as the store encodes it, and the size of its line in a segment.
-
-    Only entries orjson cannot encode as they are get copied (``_wide_ints_as_floats``: rare),
-    and finding out costs no extra pass over the entry. The size is None for an entry orjson
-    cannot encode at all (nesting beyond its 254 levels), which prepare_batch refuses.
-    """
-    try:
-        return entry, len(encode_json(entry)) + 1
-    except orjson.JSONEncodeError:
-        wide = _wide_ints_as_floats(entry)
-    try:
-        return wide, len(encode_json(wide)) + 1
-    except orjson.JSONEncodeError:
-        return wide, None
-
-
-def _chunks(
-    entries: Iterator[dict[str, Any]], max_entries: int, max_bytes: int
-) -> Iterator[list[dict[str, Any]]]:
-    """Deterministic batches under both limits (so a re-import re-sends the same batches),
-    of the entries as the store encodes them (``_storable``), one batch at a time."""
-    chunk: list[dict[str, Any]] = []
-    size = 0
-    for entry in entries:
-        entry, n = _storable(entry)
-        if n is None:
-            n = 1  # cannot be encoded: prepare_batch refuses the batch that holds it
-        if chunk and (len(chunk) >= max_entries or size + n > max_bytes):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(entry)
-        size += n
-    if chunk:
-        yield chunk
-
-
-class SessionHandle:
-    """A session created or opened through the store (see ``store.manager`` for pi's API)."""
-
-    def __init__(self, store: SessionStore, header: Header) -> None:
-        self.store = store
-        self.header = header
-
-    @property
-    def session_id(self) -> str:
-        return self.header.session_id
-
-    def append(
-        self, entries: Sequence[dict[str, Any]], expected_tail_entry_id: str | None = None
-    ) -> AppendResult:
-        return self.store.append_session_entries(self.session_id, entries, expected_tail_entry_id)
-
-    def load_entries(self) -> list[dict[str, Any]]:
-        return self.store.load_session_entries(self.session_id)
-
-    def tail(self) -> TailInfo:
-        return self.store.get_tail(self.session_id)
-
-    def __repr__(self) -> str:
-        return f"SessionHandle({self.session_id!r})"
-
-
-__all__ = ["SessionStore", "SessionHandle", "SessionData", "Manifest", "uuid7", "replace"]
+__all__ = ["SessionData", "SessionHandle", "SessionStore", "uuid7"]

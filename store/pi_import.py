@@ -30,7 +30,11 @@ meets its own batches as duplicates.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Iterator, Literal
+
+import orjson
+
+from store.entries import encode_json
 
 from store.errors import (
     BatchTooLargeError,
@@ -43,7 +47,8 @@ from store.errors import (
 from store.layout import SESSION_ID_RE, check_session_id
 
 if TYPE_CHECKING:
-    from store.core import SessionHandle, SessionStore
+    from store.core import SessionStore
+    from store.handles import SessionHandle
     from store.pi.scan import PiScan
 
 OnConflict = Literal["refuse", "new-id"]
@@ -137,7 +142,7 @@ def _suffixed(sid: str, n: int) -> str:
 def _import_into(
     store: "SessionStore", scan: "PiScan", header: dict[str, Any], sid: str
 ) -> ImportResult:
-    from store.core import SessionHandle
+    from store.handles import SessionHandle
 
     pi_header = dict(header)
     status = "extended"
@@ -167,7 +172,6 @@ def _import_into(
 def _append_rest(store: "SessionStore", scan: "PiScan", sid: str, *, fresh: bool) -> int:
     """Compare the stored entries with the file's first ones, then append the rest of the
     file, each batch strict on the tail the previous one left. Returns how many were sent."""
-    from store.core import _chunks, _storable
     from store.entries import entry_hash, prepare_batch
     from store.pi.scan import iter_pi_entries
     from store.records import EMPTY_TAIL
@@ -177,12 +181,16 @@ def _append_rest(store: "SessionStore", scan: "PiScan", sid: str, *, fresh: bool
         stored: list[tuple[str, str, dict[str, Any] | None]] = []
         tail = ""
     else:
-        data = store.read_session(sid)
-        # Ids and hashes only: the entries themselves need not stay in memory.
-        stored = [
-            (str(e["id"]), entry_hash(e), dict(e) if is_tombstone(e) else None) for e in data.entries
-        ]
-        tail = data.last_entry_id
+        # Ids and hashes only, one stored object at a time: the entries themselves never
+        # stay in memory (a re-import of a large file must not hold the session twice).
+        stored, tail = store.reader.map_own_entries(
+            sid,
+            store.get_header(sid),
+            lambda e: (str(e["id"]), entry_hash(e), dict(e) if is_tombstone(e) else None),
+        )
+        if not stored:
+            header = store.get_header(sid)
+            tail = header.fork.entry_id if header.fork is not None else ""
     options = store.options
     file_ids = scan.entry_ids
     position = 0
@@ -259,7 +267,6 @@ def _header_difference(stored: dict[str, Any], new: dict[str, Any]) -> str:
 
 def _storable_check(store: "SessionStore") -> Any:
     """Pass 1's extra check: what a batch would refuse, found before anything is written."""
-    from store.core import _storable
     from store.entries import MAX_ID_LENGTH
 
     max_bytes = store.options.max_batch_bytes
@@ -305,3 +312,71 @@ def peek_header_id(path: Any) -> str | None:
 
 
 __all__ = ["ImportConflictError", "ImportResult", "OnConflict", "import_pi_file", "peek_header_id"]
+
+
+def _wide_ints_as_floats(value: Any) -> Any:
+    """A copy of ``value`` with JSON numbers past 64 bits as JavaScript holds them: doubles
+    (orjson cannot encode such ints; pi has already rounded them, so the double is exact and
+    exports the same digits). Iterative: entries may nest deeper than Python recurses."""
+
+    def convert(item: Any) -> Any:
+        t = type(item)
+        if t is int and not (-(2**63) <= item < 2**64):
+            return float(item)
+        if t is dict:
+            return {}
+        if t is list:
+            return []
+        return item
+
+    root = convert(value)
+    stack = [(value, root)] if type(value) is dict or type(value) is list else []
+    while stack:
+        source, target = stack.pop()
+        pairs = source.items() if type(source) is dict else enumerate(source)
+        for key, item in pairs:
+            copied = convert(item)
+            if type(target) is dict:
+                target[key] = copied
+            else:
+                target.append(copied)
+            if type(item) is dict or type(item) is list:
+                stack.append((item, copied))
+    return root
+
+
+def _storable(entry: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """``entry`` as the store encodes it, and the size of its line in a segment.
+
+    Only entries orjson cannot encode as they are get copied (``_wide_ints_as_floats``: rare),
+    and finding out costs no extra pass over the entry. The size is None for an entry orjson
+    cannot encode at all (nesting beyond its 254 levels), which prepare_batch refuses.
+    """
+    try:
+        return entry, len(encode_json(entry)) + 1
+    except orjson.JSONEncodeError:
+        wide = _wide_ints_as_floats(entry)
+    try:
+        return wide, len(encode_json(wide)) + 1
+    except orjson.JSONEncodeError:
+        return wide, None
+
+
+def _chunks(
+    entries: Iterator[dict[str, Any]], max_entries: int, max_bytes: int
+) -> Iterator[list[dict[str, Any]]]:
+    """Deterministic batches under both limits (so a re-import re-sends the same batches),
+    of the entries as the store encodes them (``_storable``), one batch at a time."""
+    chunk: list[dict[str, Any]] = []
+    size = 0
+    for entry in entries:
+        entry, n = _storable(entry)
+        if n is None:
+            n = 1  # cannot be encoded: prepare_batch refuses the batch that holds it
+        if chunk and (len(chunk) >= max_entries or size + n > max_bytes):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(entry)
+        size += n
+    if chunk:
+        yield chunk

@@ -23,7 +23,7 @@ import gc
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from coordination.redis import TailState
 from store.context import StoreContext
@@ -43,6 +43,7 @@ from store.segments import contiguous, decode_base_object, read_segment
 _MAX_READ_RESTARTS = 8
 
 Entries = list[dict[str, Any]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +249,39 @@ class Reader:
         except ObjectNotFoundError:
             raise SegmentRetired() from None
         return decode_base_object(obj, base)
+
+    def map_own_entries(
+        self, sid: str, header: Header, fn: Callable[[dict[str, Any]], T]
+    ) -> tuple[list[T], str]:
+        """``fn`` of every own entry (a fork's inherited path left out), in commit order, and
+        the id of the last one: the read protocol one object at a time, so memory holds one
+        object and what ``fn`` returns, not the session (an import comparing a large file)."""
+        inc = header.incarnation
+        for _ in range(_MAX_READ_RESTARTS):
+            try:
+                manifest = self.ctx.manifests.latest(sid, inc)
+                out: list[T] = []
+                last = ""
+                for base in manifest.bases if manifest else ():
+                    entries = self._get_base(base)
+                    out.extend(fn(e) for e in entries)
+                    last = str(entries[-1]["id"]) if entries else last
+                    del entries
+                seq = manifest.through_seq if manifest else 0
+                while (got := self._get_segment(sid, inc, seq + 1, header.schema)) is not None:
+                    out.extend(fn(e) for e in got[0])
+                    last = str(got[0][-1]["id"]) if got[0] else last
+                    seq += 1
+                    del got
+                if self.ctx.manifests.newer_exists(sid, inc, manifest):
+                    raise SegmentRetired()
+                return out, last
+            except SegmentRetired:
+                continue
+        raise CorruptObjectError(
+            self.ctx.layout.segment_prefix(sid, inc), 0,
+            "segments kept disappearing while reading: a gap in the session",
+        )
 
     def read_after(self, sid: str, header: Header, last: int) -> tuple[list[tuple[int, dict[str, Any]]], int]:
         """Entries committed after segment ``last`` as (seq, entry), and the new last seq.

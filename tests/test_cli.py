@@ -595,9 +595,13 @@ def _holders(store: SessionStore, sid: str, needle: bytes) -> list[str]:
     return [i.key for i in store.objects.list(store.layout.session_prefix(sid)) if needle in store.objects.get(i.key).data]
 
 
-def test_redacted_bytes_stay_until_purged(cli: CLI, make_store: Callable[..., SessionStore]) -> None:
+def test_redacted_bytes_stay_until_purged(
+    cli: CLI, make_store: Callable[..., SessionStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """When the bytes of a redacted entry leave storage: not at redact, not at compact, not at
-    `gc --grace 0` (the compaction recorded its own grace); at once with --purge-now."""
+    `gc --grace 0` (the compaction recorded its own grace); at once with --purge-now (which
+    waits out the rebuild age limit, shortened here)."""
+    monkeypatch.setenv("SESSIONSTORE_REBUILD_MAX_AGE_MS", "200")
     store = make_store()
     sid = new_session(cli, "erasure")
     canary = b"hunter2-CANARY"

@@ -259,7 +259,7 @@ def cmd_info(args: argparse.Namespace, ctx: Ctx) -> int:
     store = ctx.store
     sid = check_session_id(args.session)
     data = store.read_session(sid)
-    from store.session import Session
+    from store.model.session import Session
 
     session = Session(data.header.pi_header, data.all_entries)
     header = data.header
@@ -301,7 +301,7 @@ def cmd_show(args: argparse.Namespace, ctx: Ctx) -> int:
     store = ctx.store
     sid = check_session_id(args.session)
     data = store.read_session(sid)
-    from store.session import Session
+    from store.model.session import Session
 
     session = Session(data.header.pi_header, data.all_entries)
     if ctx.json:

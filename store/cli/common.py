@@ -258,6 +258,9 @@ def open_store(config: Config, **options: Any) -> Any:
 
     options.setdefault("redis_prefix", config.redis_prefix)
     options.setdefault("allow_unsafe_backend", config.allow_unsafe_backend)
+    rebuild_age = os.environ.get("SESSIONSTORE_REBUILD_MAX_AGE_MS")
+    if rebuild_age and rebuild_age.isdigit():
+        options.setdefault("rebuild_max_age_ms", int(rebuild_age))
     try:
         return SessionStore.from_url(config.objects_url, config.redis_url, **options)
     except SessionStoreError:

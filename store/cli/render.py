@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from store.session import Session, TreeNode
+from store.model.session import Session, TreeNode
 
 
 @dataclass(frozen=True, slots=True)

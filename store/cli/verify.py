@@ -39,7 +39,8 @@ from store.errors import (
     SessionStoreError,
 )
 from store.layout import check_session_id
-from store.session import Session, branch_path
+from store.model.context import branch_path
+from store.model.session import Session
 
 if TYPE_CHECKING:
     from store.core import SessionStore

@@ -629,7 +629,7 @@ def _print_report(store: SessionStore, report: dict[str, Any], tree_sid: str | N
         out(f"  ... and {len(v['problems']) - 20} more")
     if tree_sid:
         from store.cli.commands import describe_session
-        from store.session import Session
+        from store.model.session import Session
 
         data = store.read_session(tree_sid)
         session = Session(data.header.pi_header, data.all_entries)

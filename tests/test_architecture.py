@@ -1,0 +1,154 @@
+"""The shape of the code, enforced: imports point one way and never circle.
+
+- Nothing under ``store/`` imports ``compactor/`` (``store/cli`` and ``store/demo``, the
+  programs built on both, may).
+- ``coordination/`` imports only the store's errors and retry policy (and itself): it is the
+  Redis boundary, not a user of the store.
+- No import circles among the project's modules. Every import counts, including those inside
+  functions (an import moved into a function to dodge a circle is still a circle); imports
+  under ``if TYPE_CHECKING:`` do not (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("store", "coordination", "compactor")
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for stmt in node.body:
+                skip.update(id(inner) for inner in ast.walk(stmt))
+    return skip
+
+
+def _imported_names(name: str, path: Path) -> Iterator[str]:
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_nodes(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            yield module
+            yield from (f"{module}.{alias.name}" for alias in node.names)
+
+
+def _resolve(imported: str) -> str | None:
+    while imported and imported not in MODULES:
+        imported = imported.rpartition(".")[0]
+    return imported or None
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        deps = {_resolve(i) for i in _imported_names(name, path)}
+        graph[name] = {d for d in deps if d is not None and d != name}
+    return graph
+
+
+GRAPH = _graph()
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for start in graph:
+        if start in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_the_checker_sees_the_modules_and_their_imports() -> None:
+    assert {"store.core", "store.append", "store.read", "coordination.redis", "compactor.gc"} <= set(MODULES)
+    assert "store.append" in GRAPH["store.core"]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_store_never_imports_the_compactor() -> None:
+    offenders = {
+        name: sorted(d for d in deps if d.startswith("compactor"))
+        for name, deps in GRAPH.items()
+        if name.startswith("store") and not name.startswith(("store.cli", "store.demo"))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_coordination_imports_only_the_store_errors_and_retry_policy() -> None:
+    allowed = {"store", "store.errors", "store.retry"}
+    offenders = {
+        name: sorted(d for d in deps if not d.startswith("coordination") and d not in allowed)
+        for name, deps in GRAPH.items()
+        if name.startswith("coordination")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_no_import_circles() -> None:
+    assert _cycles(GRAPH) == []
