@@ -1,0 +1,202 @@
+"""The object-store seam: one small ABC (``ObjectStore``) and its reference implementation
+(``MemoryObjectStore``). Backends live beside it: ``store/file_objects.py`` (a directory) and
+``store/s3_objects.py`` (S3 over HTTP); ``store/objects.py`` builds one from a URL.
+``store/testing.py`` holds the contract every backend is tested against.
+
+Every state change the store makes is ``put_if_absent``: create object N+1 if it does not
+exist. Nothing is ever overwritten, so that one primitive arbitrates every race. ``delete``
+exists only for garbage collection and ``delete_session``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, Sequence
+
+from store.errors import (
+    ConditionalWritesUnsupportedError,
+    InvalidInputError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
+
+# Keys are '/'-separated; every component must match this, which keeps them safe as file
+# names and as S3 keys alike (no '..', no empty component, no leading '/').
+_KEY_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._=-]{0,254}$")
+
+
+def check_key(key: str) -> str:
+    parts = key.split("/")
+    for part in parts:
+        if not _KEY_COMPONENT.match(part) or ".." in part:
+            raise InvalidInputError(f"unsafe object key {key!r}")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    key: str
+    data: bytes
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    #: When the backend created the object, by the backend's clock (S3 ``Last-Modified``, the
+    #: file's mtime), or None if it cannot say. GC trusts this over times written inside an
+    #: object by a process that may have paused before creating it.
+    last_modified_ms: int | None = field(default=None, compare=False)
+
+
+class ObjectStore(ABC):
+    """A flat namespace of immutable objects.
+
+    Contract for implementers:
+
+    - ``put_if_absent`` must be atomic with respect to every other ``put_if_absent`` of the
+      same key, across processes and machines: exactly one caller wins, every other one gets
+      ``ObjectExistsError``. A reader must never see a partially written object.
+    - A ``put_if_absent`` whose outcome is unknown (timeout, connection lost after sending)
+      raises ``BackendUnavailableError``. The caller retries; a retry that then answers
+      ``ObjectExistsError`` may be its own earlier attempt, which is why callers put a nonce
+      in the metadata and read it back.
+    - ``list`` returns keys in lexicographic order and pages internally: it is correct past
+      1,000 keys.
+    - ``delete`` of a missing key is not an error.
+    - A key is never also the directory of other keys (``a/b`` beside ``a/b/c``): backends
+      that keep keys as a tree (``FileObjectStore``, SeaweedFS) refuse the second of the two
+      (``a/b`` as ``ObjectExistsError``). The store's layout never needs both.
+    """
+
+    #: True when put_if_absent is arbitrated by the backend itself.
+    atomic_create: bool = True
+
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+
+    def _count(self, op: str) -> None:
+        with self._count_lock:
+            self.requests[op] += 1
+
+    @abstractmethod
+    def put_if_absent(
+        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> None: ...
+
+    @abstractmethod
+    def get(self, key: str) -> StoredObject: ...
+
+    @abstractmethod
+    def head(self, key: str) -> ObjectInfo | None: ...
+
+    @abstractmethod
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]: ...
+
+    @abstractmethod
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        """The distinct next path components below ``prefix`` (which ends with '/') that
+        hold objects: directories, as S3's common prefixes (not the objects at that level)."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None: ...
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self.delete(key)
+
+    def close(self) -> None:
+        pass
+
+    def probe_conditional_writes(self, prefix: str) -> None:
+        """Refuse a backend that silently ignores If-None-Match (some emulators do)."""
+        key = f"{prefix}probe/{uuid.uuid4().hex}"
+        self.put_if_absent(key, b"1")
+        try:
+            try:
+                self.put_if_absent(key, b"2")
+            except ObjectExistsError:
+                return
+            raise ConditionalWritesUnsupportedError(
+                f"{type(self).__name__} accepted a second create of {key!r}: it ignores "
+                "If-None-Match and cannot arbitrate concurrent writers. Use a backend with "
+                "conditional writes (AWS S3, MinIO RELEASE.2025-09-07 or later, SeaweedFS 4.18 "
+                "or later, R2, Ceph RGW) or pass allow_unsafe_backend=True if you accept lost "
+                "writes."
+            )
+        finally:
+            self.delete(key)
+
+
+# --- in memory -------------------------------------------------------------------------------
+
+
+class MemoryObjectStore(ObjectStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self._objects: dict[str, StoredObject] = {}
+        self._lock = threading.Lock()
+
+    def put_if_absent(
+        self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        check_key(key)
+        self._count("put")
+        with self._lock:
+            if key in self._objects:
+                raise ObjectExistsError(key)
+            self._objects[key] = StoredObject(
+                key, bytes(data), dict(metadata or {}), int(time.time() * 1000)
+            )
+
+    def get(self, key: str) -> StoredObject:
+        self._count("get")
+        with self._lock:
+            obj = self._objects.get(key)
+        if obj is None:
+            raise ObjectNotFoundError(key)
+        return obj
+
+    def head(self, key: str) -> ObjectInfo | None:
+        self._count("head")
+        with self._lock:
+            obj = self._objects.get(key)
+        return None if obj is None else ObjectInfo(key, len(obj.data))
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        self._count("list")
+        with self._lock:
+            keys = sorted(k for k in self._objects if k.startswith(prefix))
+            infos = [ObjectInfo(k, len(self._objects[k].data)) for k in keys]
+        for info in infos:
+            if start_after is None or info.key > start_after:
+                yield info
+
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        self._count("list")
+        with self._lock:
+            names = {
+                k[len(prefix) :].split("/", 1)[0]
+                for k in self._objects
+                if k.startswith(prefix) and "/" in k[len(prefix) :]
+            }
+        yield from sorted(n for n in names if n)
+
+    def delete(self, key: str) -> None:
+        self._count("delete")
+        with self._lock:
+            self._objects.pop(key, None)
+
+
+# --- local directory -------------------------------------------------------------------------
+
+# A file object is an envelope: magic line, metadata as one JSON line, then the bytes. Metadata
+# must live in the same file as the data, or create-if-absent would not be atomic.
