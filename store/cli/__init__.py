@@ -69,6 +69,10 @@ def _add_global(parser: argparse.ArgumentParser, *, sub: bool) -> None:
                    help="machine-readable output on stdout")
 
 
+#: ``add(name, help, func)``: a subcommand with the global options, run by ``func``.
+_Add = Callable[[str, str, Callable[..., int]], argparse.ArgumentParser]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="sessionstore",
@@ -87,6 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
+    # In the order of `sessionstore --help`.
+    _add_session_commands(add)
+    _add_transfer_commands(add)
+    _add_follow_command(add)
+    _add_removal_commands(add)
+    _add_operate_commands(add)
+    _add_demo_command(add)
+    return parser
+
+
+def _add_session_commands(add: _Add) -> None:
     p = add("create", "create a session and print its id", commands.cmd_create)
     p.add_argument("session", nargs="?", help="session id (default: a new UUIDv7)")
     p.add_argument("--cwd", help="the working directory recorded in the header (default: this one)")
@@ -120,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id", help="id of the new session (default: a new UUIDv7)")
     p.add_argument("--name", help="a name for the new session")
 
+
+def _add_transfer_commands(add: _Add) -> None:
     p = add("import", "import pi session files or whole pi session directories", commands.cmd_import)
     p.add_argument("paths", nargs="+", metavar="PATH", help="a .jsonl file, a directory (searched for *.jsonl), or - for stdin")
     p.add_argument("--id", help="session id for a single file (default: the id in its header)")
@@ -137,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE|DIR",
                    help="file to write (default: stdout); a directory for several sessions (<id>.jsonl each)")
 
+
+def _add_follow_command(add: _Add) -> None:
     p = add("follow", "print entries live as any writer appends them", commands.cmd_follow)
     p.add_argument("session")
     p.add_argument("-n", "--lines", type=int, default=10, help="print the last N entries first (default %(default)s)")
@@ -146,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=float, default=2.0,
                    help="seconds between reads when no notification arrives (default %(default)s)")
 
+
+def _add_removal_commands(add: _Add) -> None:
     p = add("redact", "hide an entry's content from every reader now (its bytes leave storage at "
                       "compaction + gc, or at once with --purge-now)", commands.cmd_redact)
     p.add_argument("session")
@@ -158,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("session")
     p.add_argument("--yes", action="store_true", help="confirm")
 
+
+def _add_operate_commands(add: _Add) -> None:
     p = add("compact", "merge sessions' segments into bases now (default: every session)", commands.cmd_compact)
     p.add_argument("sessions", nargs="*", metavar="SESSION", help="default: every session")
     p.add_argument("--all", action="store_true", help="every session (the default)")
@@ -182,11 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("embedded", "status or stop of the embedded redis-server of a local store", commands.cmd_embedded)
     p.add_argument("action", choices=["status", "stop"])
 
+
+def _add_demo_command(add: _Add) -> None:
     from store.demo.options import add_demo_arguments
 
     p = add("demo", "run a fleet of scripted agents on shared sessions, then verify everything", _cmd_demo)
     add_demo_arguments(p)
-    return parser
 
 
 def _version() -> str:

@@ -10,13 +10,16 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from store.cli.common import CliError, Exit, classify, dump_json, err, out
 from store.cli.ctx import Ctx, counted
 from store.cli.render import StatusLine, bar
 from store.errors import SessionStoreError
 from store.layout import check_session_id
+
+if TYPE_CHECKING:
+    from store.core import SessionStore
 
 
 # --- export --------------------------------------------------------------------------------------
@@ -110,53 +113,17 @@ def cmd_import(args: argparse.Namespace, ctx: Ctx) -> int:
     """Import pi files. Files that name the same session are imported one after the other,
     in path order (so which one creates it, extends it or is refused is the same on every
     run); different sessions a few at once. Per-file lines come out in path order."""
-    from store.core import uuid7
-    from store.pi_import import ImportConflictError, import_pi_file, peek_header_id
+    from store.pi_import import peek_header_id
 
     files = _pi_files(args.paths)
     if args.id and len(files) != 1:
         raise CliError("--id names one session: give exactly one file", Exit.USAGE)
     store = ctx.store
-    status = StatusLine(sys.stderr)
-    lock = threading.Lock()
-    results: list[dict[str, Any]] = []
-    totals = {"entries": 0, "appended": 0, "refused": 0}
-    show_progress = not args.quiet and len(files) > 1
-
-    def one(path: str) -> dict[str, Any]:
-        sid = args.id or (uuid7() if args.new_ids else None)
-        try:
-            source: Any = sys.stdin.buffer if path == "-" else Path(path)  # a pipe is spooled to disk, not memory
-            res = import_pi_file(store, source, sid, on_conflict=args.on_conflict)
-            row = {"path": path, "ok": True, "session": res.session_id, "status": res.status,
-                   "entries": res.entries, "appended": res.appended}
-            if res.header_id is not None:
-                row["header_id"] = res.header_id
-            return row
-        except (SessionStoreError, OSError) as exc:
-            code, message = classify(exc)
-            if isinstance(exc, ImportConflictError):
-                message += " (--id ID, or --on-conflict new-id)"
-            return {"path": path, "ok": False, "error": message, "exit_code": int(code)}
-
-    def report(res: dict[str, Any]) -> None:
-        with lock:
-            results.append(res)
-            if res["ok"]:
-                totals["entries"] += res["entries"]
-                totals["appended"] += res["appended"]
-            else:
-                totals["refused"] += 1
-            if show_progress:
-                status.update(
-                    f"importing {bar(len(results), len(files))} {len(results)}/{len(files)} files"
-                    f" · {totals['entries']:,} entries · {totals['refused']} refused",
-                    force=len(results) == len(files),
-                )
+    tally = _Tally(len(files), show_progress=not args.quiet and len(files) > 1)
 
     def run(paths: list[str]) -> None:
         for path in paths:
-            report(one(path))
+            tally.report(_import_one(store, path, args))
 
     # Group by the session id each header names (read from the first line only).
     groups: dict[str, list[str]] = {}
@@ -174,29 +141,83 @@ def cmd_import(args: argparse.Namespace, ctx: Ctx) -> int:
         for fut in [pool.submit(run, sorted(paths)) for paths in groups.values()]:
             fut.result()
     run(later)
-    if show_progress:
-        status.done()
-    results.sort(key=lambda r: r["path"])
-    imported = sum(1 for r in results if r["ok"])
-    if ctx.json:
-        out(dump_json({"imported": imported, "refused": totals["refused"], "entries": totals["entries"],
-                       "appended": totals["appended"], "files": results}))
-    else:
-        for res in results:
-            if not res["ok"]:
-                out(f"refused {res['path']}: {res['error']}")
-            elif args.verbose or len(files) == 1:
-                out(_import_line(res))
-        if len(files) > 1:
-            out(f"imported {imported} of {len(files)} files ({totals['entries']:,} entries, "
-                f"{totals['appended']:,} of them new)"
-                + (f"; {totals['refused']} refused" if totals["refused"] else ""))
-    if totals["refused"]:
+    if tally.show_progress:
+        tally.status.done()
+    tally.results.sort(key=lambda r: r["path"])
+    _print_import(tally, args, as_json=ctx.json)
+    if tally.totals["refused"]:
         if len(files) == 1:
             # One file: its own error class is the exit code.
-            return int(results[0]["exit_code"])
+            return int(tally.results[0]["exit_code"])
         return Exit.FAILED
     return Exit.OK
+
+
+def _import_one(store: SessionStore, path: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Import one file: its row of the report, ``ok`` or the error and its exit code."""
+    from store.core import uuid7
+    from store.pi_import import ImportConflictError, import_pi_file
+
+    sid = args.id or (uuid7() if args.new_ids else None)
+    try:
+        source: Any = sys.stdin.buffer if path == "-" else Path(path)  # a pipe is spooled to disk, not memory
+        res = import_pi_file(store, source, sid, on_conflict=args.on_conflict)
+        row = {"path": path, "ok": True, "session": res.session_id, "status": res.status,
+               "entries": res.entries, "appended": res.appended}
+        if res.header_id is not None:
+            row["header_id"] = res.header_id
+        return row
+    except (SessionStoreError, OSError) as exc:
+        code, message = classify(exc)
+        if isinstance(exc, ImportConflictError):
+            message += " (--id ID, or --on-conflict new-id)"
+        return {"path": path, "ok": False, "error": message, "exit_code": int(code)}
+
+
+class _Tally:
+    """The rows and totals of an import, as its threads report them, and its progress line
+    (shown for several files, unless --quiet)."""
+
+    def __init__(self, files: int, *, show_progress: bool) -> None:
+        self.files = files
+        self.show_progress = show_progress
+        self.status = StatusLine(sys.stderr)
+        self.lock = threading.Lock()
+        self.results: list[dict[str, Any]] = []
+        self.totals = {"entries": 0, "appended": 0, "refused": 0}
+
+    def report(self, res: dict[str, Any]) -> None:
+        with self.lock:
+            self.results.append(res)
+            if res["ok"]:
+                self.totals["entries"] += res["entries"]
+                self.totals["appended"] += res["appended"]
+            else:
+                self.totals["refused"] += 1
+            if self.show_progress:
+                self.status.update(
+                    f"importing {bar(len(self.results), self.files)} {len(self.results)}/{self.files} files"
+                    f" · {self.totals['entries']:,} entries · {self.totals['refused']} refused",
+                    force=len(self.results) == self.files,
+                )
+
+
+def _print_import(tally: _Tally, args: argparse.Namespace, *, as_json: bool) -> None:
+    results, totals, files = tally.results, tally.totals, tally.files
+    imported = sum(1 for r in results if r["ok"])
+    if as_json:
+        out(dump_json({"imported": imported, "refused": totals["refused"], "entries": totals["entries"],
+                       "appended": totals["appended"], "files": results}))
+        return
+    for res in results:
+        if not res["ok"]:
+            out(f"refused {res['path']}: {res['error']}")
+        elif args.verbose or files == 1:
+            out(_import_line(res))
+    if files > 1:
+        out(f"imported {imported} of {files} files ({totals['entries']:,} entries, "
+            f"{totals['appended']:,} of them new)"
+            + (f"; {totals['refused']} refused" if totals["refused"] else ""))
 
 
 def _import_line(res: dict[str, Any]) -> str:
