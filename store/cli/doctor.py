@@ -146,105 +146,123 @@ def _skew_verdict(skew: float, what: str, *, slack: float = 0.0) -> tuple[str, s
 
 
 def _redis_checks(checks: list[Check], config: Config) -> None:
-    from coordination.redis import Coordinator, translate_redis_error
+    from coordination.redis import Coordinator
 
     url = config.redis_url
     if url is None:
-
-        def embedded() -> tuple[str, str]:
-            nonlocal url
-            from store.embedded import EmbeddedRedis, redis_server_binary
-
-            directory = config.local_dir
-            if directory is None:
-                return "fail", "no --redis given and the objects are not a local directory: the embedded Redis needs file://"
-            embedded = EmbeddedRedis(directory / ".redis")
-            url = embedded.ensure_running()
-            started = ""
-            if embedded.started_here:
-                started = f"; started now (pid {embedded.pid()}), it keeps running: `sessionstore embedded stop` stops it"
-            return "ok", f"embedded redis-server ({redis_server_binary()}) in {embedded.dir}{started}"
-
-        if not _run(checks, "redis: embedded server", embedded):
+        url = _embedded_redis(checks, config)
+        if url is None:
             return
-    assert url is not None
     coord = Coordinator.from_url(url, prefix=config.redis_prefix)
-    client = coord.client
+    probe = _RedisProbe(coord.client, config.redis_prefix, url)
+    try:
+        if not _run(checks, "redis: version", probe.version):
+            return
+        _run(checks, "redis: persistence", probe.persistence)
+        _run(checks, "redis: eviction", probe.eviction)
+        _run(checks, "redis: clock skew", probe.skew)
+        _run(checks, "redis: permissions", probe.permissions)
+    finally:
+        coord.close()
 
-    def call(fn: Callable[[], Any]) -> Any:
+
+def _embedded_redis(checks: list[Check], config: Config) -> str | None:
+    """No --redis: the embedded redis-server of a local directory, started if need be. Its
+    URL, or None when the check failed."""
+    url: str | None = None
+
+    def embedded() -> tuple[str, str]:
+        nonlocal url
+        from store.embedded import EmbeddedRedis, redis_server_binary
+
+        directory = config.local_dir
+        if directory is None:
+            return "fail", "no --redis given and the objects are not a local directory: the embedded Redis needs file://"
+        embedded = EmbeddedRedis(directory / ".redis")
+        url = embedded.ensure_running()
+        started = ""
+        if embedded.started_here:
+            started = f"; started now (pid {embedded.pid()}), it keeps running: `sessionstore embedded stop` stops it"
+        return "ok", f"embedded redis-server ({redis_server_binary()}) in {embedded.dir}{started}"
+
+    if not _run(checks, "redis: embedded server", embedded):
+        return None
+    return url
+
+
+class _RedisProbe:
+    """The Redis checks, each a ``_run`` function: version, persistence, eviction, clock,
+    permissions. Every redis-py error is translated to the store's."""
+
+    def __init__(self, client: Any, prefix: str, url: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.url = url
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        from coordination.redis import translate_redis_error
+
         try:
             return fn()
         except Exception as exc:
             raise translate_redis_error(exc) from exc
 
-    try:
+    def config_value(self, name: str) -> str | None:
+        try:
+            got = self.call(lambda: self.client.config_get(name))
+        except SessionStoreError:
+            return None  # CONFIG is often disabled on managed Redis
+        value = got.get(name)
+        return None if value is None else str(value)
 
-        def ping() -> tuple[str, str]:
-            call(client.ping)
-            info = call(lambda: client.info("server"))
-            version = str(info.get("redis_version", "?"))
-            parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-            mode = info.get("redis_mode", "standalone")
-            if parts and parts < MIN_REDIS:
-                return "fail", f"Redis {version} ({mode}); {'.'.join(map(str, MIN_REDIS))} or later is needed"
-            return "ok", f"Redis {version} ({mode}) at {_safe_url(url or '')}"
+    def version(self) -> tuple[str, str]:
+        self.call(self.client.ping)
+        info = self.call(lambda: self.client.info("server"))
+        version = str(info.get("redis_version", "?"))
+        parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+        mode = info.get("redis_mode", "standalone")
+        if parts and parts < MIN_REDIS:
+            return "fail", f"Redis {version} ({mode}); {'.'.join(map(str, MIN_REDIS))} or later is needed"
+        return "ok", f"Redis {version} ({mode}) at {_safe_url(self.url or '')}"
 
-        if not _run(checks, "redis: version", ping):
-            return
+    def persistence(self) -> tuple[str, str]:
+        aof = self.config_value("appendonly")
+        if aof is None:
+            return "warn", "CONFIG GET is not allowed: cannot tell whether appendonly is on"
+        if aof != "yes":
+            return "warn", (
+                "appendonly is off: a restart forgets every tail and id index, which the "
+                "store then rebuilds from the object store session by session (set appendonly yes)"
+            )
+        return "ok", f"appendonly yes (appendfsync {self.config_value('appendfsync') or '?'})"
 
-        def config_value(name: str) -> str | None:
-            try:
-                got = call(lambda: client.config_get(name))
-            except SessionStoreError:
-                return None  # CONFIG is often disabled on managed Redis
-            value = got.get(name)
-            return None if value is None else str(value)
+    def eviction(self) -> tuple[str, str]:
+        policy = self.config_value("maxmemory-policy")
+        if policy is None:
+            return "warn", "CONFIG GET is not allowed: cannot tell the maxmemory-policy"
+        if policy != "noeviction":
+            return "warn", (
+                f"maxmemory-policy is {policy}: evicted tails are rebuilt, but evicted "
+                "compaction jobs are lost (set maxmemory-policy noeviction)"
+            )
+        return "ok", "maxmemory-policy noeviction"
 
-        def persistence() -> tuple[str, str]:
-            aof = config_value("appendonly")
-            if aof is None:
-                return "warn", "CONFIG GET is not allowed: cannot tell whether appendonly is on"
-            if aof != "yes":
-                return "warn", (
-                    "appendonly is off: a restart forgets every tail and id index, which the "
-                    "store then rebuilds from the object store session by session (set appendonly yes)"
-                )
-            return "ok", f"appendonly yes (appendfsync {config_value('appendfsync') or '?'})"
+    def skew(self) -> tuple[str, str]:
+        before = time.time()
+        secs, micros = self.call(self.client.time)
+        after = time.time()
+        return _skew_verdict(secs + micros / 1e6 - (before + after) / 2, "Redis server")
 
-        def eviction() -> tuple[str, str]:
-            policy = config_value("maxmemory-policy")
-            if policy is None:
-                return "warn", "CONFIG GET is not allowed: cannot tell the maxmemory-policy"
-            if policy != "noeviction":
-                return "warn", (
-                    f"maxmemory-policy is {policy}: evicted tails are rebuilt, but evicted "
-                    "compaction jobs are lost (set maxmemory-policy noeviction)"
-                )
-            return "ok", "maxmemory-policy noeviction"
-
-        def skew() -> tuple[str, str]:
-            before = time.time()
-            secs, micros = call(client.time)
-            after = time.time()
-            return _skew_verdict(secs + micros / 1e6 - (before + after) / 2, "Redis server")
-
-        def permissions() -> tuple[str, str]:
-            key = f"{config.redis_prefix}:doctor:{uuid.uuid4().hex}"
-            try:
-                call(lambda: client.set(key, "1", nx=True, ex=30))
-                if call(lambda: client.eval("return redis.call('GET', KEYS[1])", 1, key)) not in (b"1", "1"):
-                    return "fail", "a Lua script could not read a key just written"
-                call(lambda: client.publish(f"{config.redis_prefix}:doctor", "ping"))
-            finally:
-                call(lambda: client.delete(key))
-            return "ok", "SET / EVAL / PUBLISH / DEL allowed"
-
-        _run(checks, "redis: persistence", persistence)
-        _run(checks, "redis: eviction", eviction)
-        _run(checks, "redis: clock skew", skew)
-        _run(checks, "redis: permissions", permissions)
-    finally:
-        coord.close()
+    def permissions(self) -> tuple[str, str]:
+        key = f"{self.prefix}:doctor:{uuid.uuid4().hex}"
+        try:
+            self.call(lambda: self.client.set(key, "1", nx=True, ex=30))
+            if self.call(lambda: self.client.eval("return redis.call('GET', KEYS[1])", 1, key)) not in (b"1", "1"):
+                return "fail", "a Lua script could not read a key just written"
+            self.call(lambda: self.client.publish(f"{self.prefix}:doctor", "ping"))
+        finally:
+            self.call(lambda: self.client.delete(key))
+        return "ok", "SET / EVAL / PUBLISH / DEL allowed"
 
 
 def _safe_url(url: str) -> str:

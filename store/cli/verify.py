@@ -43,7 +43,10 @@ from store.model.context import branch_path
 from store.model.session import Session
 
 if TYPE_CHECKING:
+    from coordination.redis import TailState
     from store.core import SessionStore
+    from store.manifest import Manifest
+    from store.records import Header
 
 _ATTEMPTS = 3
 _SHOW = 5
@@ -110,8 +113,6 @@ def _get(store: SessionStore, key: str) -> Any:
 
 def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
     check = SessionCheck(sid)
-    layout = store.layout
-    retry = store.options.retry
     # Redis first: its tail only grows, so every segment it knows of is in the listing below.
     redis_state: Any = None
     redis_error = ""
@@ -119,22 +120,45 @@ def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
         redis_state = store.coord.tail(sid)
     except BackendError as exc:
         redis_error = str(exc)
-    session_prefix = layout.session_prefix(sid)
-    listed = retry.call(lambda: [i.key for i in store.objects.list(session_prefix)])
-    header_key = layout.header(sid)
+    session_prefix = store.layout.session_prefix(sid)
+    listed = store.options.retry.call(lambda: [i.key for i in store.objects.list(session_prefix)])
+    header = _check_header(store, sid, listed, check)
+    if header is None:
+        return check
+    segments, manifests = _sort_listing(store, sid, header.incarnation, listed, check)
+    latest, base_entries = _check_manifests(store, sid, header.incarnation, manifests, check)
+    live, true_seq, entries = _check_segments(store, header, latest, segments, base_entries, check)
+    inherited = _check_fork(store, header, check)
+    _check_entries(header, inherited, entries, check)
+    _check_redis(redis_state, redis_error, header, live, true_seq, entries, check)
+    return check
+
+
+def _check_header(store: SessionStore, sid: str, listed: list[str], check: SessionCheck) -> Header | None:
+    """The session's header, or None when there is none to check against (said in ``check``).
+    ``SessionNotFoundError`` if there is no header and no object either."""
     try:
-        header = store.get_header(sid)
+        return store.get_header(sid)
     except SessionNotFoundError:
         if not listed:
             raise
         check.warnings.append(
             f"{len(listed)} objects but no header: an interrupted delete (the compactor's GC removes them)"
         )
-        return check
+        return None
     except CorruptObjectError as exc:
         check.faults.append(str(exc))
-        return check
-    inc = header.incarnation
+        return None
+
+
+def _sort_listing(
+    store: SessionStore, sid: str, inc: str, listed: list[str], check: SessionCheck
+) -> tuple[dict[int, str], dict[int, str]]:
+    """The listed segments and manifests of the incarnation, by number; objects of earlier
+    incarnations and unexpected objects are warnings."""
+    layout = store.layout
+    session_prefix = layout.session_prefix(sid)
+    header_key = layout.header(sid)
     inc_prefix = layout.incarnation_prefix(sid, inc)
     others = {
         k[len(session_prefix) :].split("/", 1)[0]
@@ -158,8 +182,15 @@ def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
             manifests[parsed.number] = key
         elif parsed is None or parsed.kind != "base":
             check.warnings.append(f"unexpected object {key!r}")
+    return segments, manifests
 
-    # --- manifests ---------------------------------------------------------------------------
+
+def _check_manifests(
+    store: SessionStore, sid: str, inc: str, manifests: dict[int, str], check: SessionCheck
+) -> tuple[Manifest | None, list[dict[str, Any]]]:
+    """Every listed manifest parses and names its generation; the latest one is consistent
+    (``_check_latest``). Returns the latest manifest (None: never compacted) and its bases'
+    entries."""
     try:
         latest = store.manifests.latest(sid, inc)
     except CorruptObjectError as exc:
@@ -179,41 +210,63 @@ def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
             check.faults.append(f"manifest {key!r} says generation {m.generation}")
     base_entries: list[dict[str, Any]] = []
     if latest is not None:
-        check.generation = latest.generation
-        mkey = layout.manifest(sid, inc, latest.generation)
-        raw = latest.raw
-        if len(latest.seq_counts) != latest.through_seq:
-            check.faults.append(
-                f"manifest {mkey!r}: seq_counts has {len(latest.seq_counts)} entries for "
-                f"through_seq {latest.through_seq}"
-            )
-        for name, want in (("session_id", sid), ("incarnation", inc)):
-            if name in raw and raw[name] != want:
-                check.faults.append(f"manifest {mkey!r} names {name} {raw[name]!r}")
-        for base in latest.bases:
-            bkey = str(base.get("key", ""))
-            try:
-                obj = store.options.retry.call(functools.partial(store.objects.get, bkey))
-            except ObjectNotFoundError:
-                check.faults.append(f"manifest {mkey!r} names base {bkey!r}, which does not exist")
-                continue
-            try:
-                got = decode_base_object(obj, base)
-            except CorruptObjectError as exc:
-                check.faults.append(str(exc))
-                continue
-            if isinstance(base.get("entries"), int) and base["entries"] != len(got):
-                check.faults.append(
-                    f"base {bkey!r} holds {len(got)} entries, the manifest says {base['entries']}"
-                )
-            base_entries.extend(got)
-        if not check.faults and len(base_entries) != sum(latest.seq_counts):
-            check.faults.append(
-                f"bases of {mkey!r} hold {len(base_entries)} entries, its seq_counts add up to "
-                f"{sum(latest.seq_counts)}"
-            )
+        base_entries = _check_latest(store, sid, inc, latest, check)
+    return latest, base_entries
 
-    # --- segments ----------------------------------------------------------------------------
+
+def _check_latest(
+    store: SessionStore, sid: str, inc: str, latest: Manifest, check: SessionCheck
+) -> list[dict[str, Any]]:
+    """The latest manifest: ``seq_counts`` covers 1..through_seq, it names its session and
+    incarnation, its bases exist, decode and hold the entries it counts. Returns them."""
+    base_entries: list[dict[str, Any]] = []
+    check.generation = latest.generation
+    mkey = store.layout.manifest(sid, inc, latest.generation)
+    raw = latest.raw
+    if len(latest.seq_counts) != latest.through_seq:
+        check.faults.append(
+            f"manifest {mkey!r}: seq_counts has {len(latest.seq_counts)} entries for "
+            f"through_seq {latest.through_seq}"
+        )
+    for name, want in (("session_id", sid), ("incarnation", inc)):
+        if name in raw and raw[name] != want:
+            check.faults.append(f"manifest {mkey!r} names {name} {raw[name]!r}")
+    for base in latest.bases:
+        bkey = str(base.get("key", ""))
+        try:
+            obj = store.options.retry.call(functools.partial(store.objects.get, bkey))
+        except ObjectNotFoundError:
+            check.faults.append(f"manifest {mkey!r} names base {bkey!r}, which does not exist")
+            continue
+        try:
+            got = decode_base_object(obj, base)
+        except CorruptObjectError as exc:
+            check.faults.append(str(exc))
+            continue
+        if isinstance(base.get("entries"), int) and base["entries"] != len(got):
+            check.faults.append(
+                f"base {bkey!r} holds {len(got)} entries, the manifest says {base['entries']}"
+            )
+        base_entries.extend(got)
+    if not check.faults and len(base_entries) != sum(latest.seq_counts):
+        check.faults.append(
+            f"bases of {mkey!r} hold {len(base_entries)} entries, its seq_counts add up to "
+            f"{sum(latest.seq_counts)}"
+        )
+    return base_entries
+
+
+def _check_segments(
+    store: SessionStore,
+    header: Header,
+    latest: Manifest | None,
+    segments: dict[int, str],
+    base_entries: list[dict[str, Any]],
+    check: SessionCheck,
+) -> tuple[list[int], int, list[dict[str, Any]]]:
+    """Segments after the manifest: numbered without a gap, each one decodes. Returns their
+    numbers, the true tail (the last segment before a gap) and the session's own entries
+    (the bases' first)."""
     first = latest.through_seq + 1 if latest else 1
     live = sorted(s for s in segments if s >= first)
     run = len(contiguous(live, first))
@@ -234,32 +287,43 @@ def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
         except CorruptObjectError as exc:
             check.faults.append(str(exc))
     check.segments = len(live)
+    return live, true_seq, entries
 
-    # --- fork --------------------------------------------------------------------------------
+
+def _check_fork(store: SessionStore, header: Header, check: SessionCheck) -> list[dict[str, Any]]:
+    """A fork's source exists, in the incarnation it was forked from, with the fork point.
+    Returns the inherited path (empty for a session that is not a fork)."""
     inherited: list[dict[str, Any]] = []
-    if header.fork is not None:
-        fork = header.fork
-        check.fork_of = fork.session_id
-        try:
-            src_header = store.get_header(fork.session_id)
-            if src_header.incarnation != fork.incarnation:
+    if header.fork is None:
+        return inherited
+    fork = header.fork
+    check.fork_of = fork.session_id
+    try:
+        src_header = store.get_header(fork.session_id)
+        if src_header.incarnation != fork.incarnation:
+            check.faults.append(
+                f"fork source {fork.session_id!r} was deleted (it has another incarnation now)"
+            )
+        else:
+            src = store.read_session(fork.session_id)
+            by_id = {str(e["id"]): e for e in src.all_entries}
+            inherited = [dict(e) for e in branch_path(by_id, fork.entry_id)]
+            if not inherited:
                 check.faults.append(
-                    f"fork source {fork.session_id!r} was deleted (it has another incarnation now)"
+                    f"fork point {fork.entry_id!r} is not in the source {fork.session_id!r}"
                 )
-            else:
-                src = store.read_session(fork.session_id)
-                by_id = {str(e["id"]): e for e in src.all_entries}
-                inherited = [dict(e) for e in branch_path(by_id, fork.entry_id)]
-                if not inherited:
-                    check.faults.append(
-                        f"fork point {fork.entry_id!r} is not in the source {fork.session_id!r}"
-                    )
-        except SessionNotFoundError:
-            check.faults.append(f"fork source {fork.session_id!r} does not exist")
-        except SessionStoreError as exc:
-            check.faults.append(f"fork source {fork.session_id!r} unreadable: {exc}")
+    except SessionNotFoundError:
+        check.faults.append(f"fork source {fork.session_id!r} does not exist")
+    except SessionStoreError as exc:
+        check.faults.append(f"fork source {fork.session_id!r} unreadable: {exc}")
+    return inherited
 
-    # --- entries -----------------------------------------------------------------------------
+
+def _check_entries(
+    header: Header, inherited: list[dict[str, Any]], entries: list[dict[str, Any]], check: SessionCheck
+) -> None:
+    """Ids unique (the inherited path included), parents present (else a warning), and pi
+    could open the session."""
     seen: set[str] = set()
     dups: list[str] = []
     for e in inherited + entries:
@@ -286,7 +350,19 @@ def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
             check.faults.append(f"pi could not open the session: {exc}")
     check.entries = len(inherited) + len(entries)
 
-    # --- Redis -------------------------------------------------------------------------------
+
+def _check_redis(
+    redis_state: TailState | None,
+    redis_error: str,
+    header: Header,
+    live: list[int],
+    true_seq: int,
+    entries: list[dict[str, Any]],
+    check: SessionCheck,
+) -> None:
+    """Redis's tail is not ahead of the object store (invariant 4) and agrees with it when
+    level."""
+    inc = header.incarnation
     if redis_error:
         check.warnings.append(f"Redis not compared: {redis_error}")
     elif redis_state is not None and redis_state.inc == inc and contiguous == len(live):
@@ -302,4 +378,3 @@ def _verify_once(store: SessionStore, sid: str) -> SessionCheck:
                     f"Redis's tail (last {redis_state.last!r}, {redis_state.count} entries) disagrees "
                     f"with the object store (last {last!r}, {check.entries} entries) at segment {true_seq}"
                 )
-    return check
