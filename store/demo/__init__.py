@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from store.cli.common import Exit, dump_json, err, out
 from store.cli.render import StatusLine
 from store.demo.fleet import COMPACT_AFTER_SEGMENTS, Fleet
-from store.demo.location import choose_location, cleanup_external, cleanup_local, run_id, stop_embedded
-from store.demo.options import size_from
+from store.demo.location import Location, choose_location, cleanup_external, cleanup_local, run_id, stop_embedded
+from store.demo.options import DemoSize, size_from
 from store.demo.report import bytes_in_store, pick_tree_session, print_report
 from store.demo.schedule import Plan, Stats, count_compactions, schedule, session_steps
 from store.errors import SessionStoreError
@@ -37,6 +37,7 @@ from store.errors import SessionStoreError
 if TYPE_CHECKING:
     from store.cli.ctx import Ctx
     from store.core import SessionStore
+    from store.demo.check import Verification
 
 
 def _purge(store: SessionStore, sid: str, secret: str) -> bool:
@@ -58,16 +59,7 @@ def _purge(store: SessionStore, sid: str, secret: str) -> bool:
 
 def run_demo(args: argparse.Namespace, ctx: Ctx) -> dict[str, Any]:
     """Run the demo; returns the JSON report (``report["ok"]`` is the verdict)."""
-    from store.core import SessionStore, uuid7
-    from store.demo.agent import RecordingStore
-    from store.demo.check import (
-        Verification,
-        check_forks,
-        check_history,
-        check_redaction,
-        check_store,
-        load_ops,
-    )
+    from store.core import SessionStore
 
     size = size_from(args)
     run = run_id()
@@ -89,20 +81,7 @@ def run_demo(args: argparse.Namespace, ctx: Ctx) -> dict[str, Any]:
         # Workers take a few seconds to start (a fresh interpreter each): start them first.
         fleet = Fleet(loc, size, args, log_dir)
         fleet.start()
-        with open(log_dir / "main.jsonl", "ab") as main_log:
-            main_rec = RecordingStore(store, main_log)
-            from store.manager import SessionManager
-
-            for i in range(size.sessions):
-                sid = uuid7()
-                store.create_session(sid, cwd=f"/home/agent/project-{i + 1}")
-                SessionManager(main_rec, sid).append_session_info(f"project {i + 1}")  # type: ignore[arg-type]
-                steps = session_steps(i, size.turns, secret)
-                plans[sid] = Plan(sid, steps)
-                stats.turns_total += sum(1 for s in steps if s["kind"] == "turn")
-            fleet.wait_ready()
-            write_s = schedule(store, fleet, plans, stats, status, size)
-            fleet.stop()
+        write_s = _play(store, fleet, plans, stats, status, size, secret, log_dir)
         sessions = list(plans)
         # Purge the leaked token from storage now, not after the compactor's grace period:
         # every worker has stopped, so no reader can be holding a retired object.
@@ -112,69 +91,122 @@ def run_demo(args: argparse.Namespace, ctx: Ctx) -> dict[str, Any]:
             purged = _purge(store, stats.redaction["session"], secret)
         stats.compactions = count_compactions(store, sessions)
         err("verifying everything that was written ...")
-        verification = Verification()
-        ops = load_ops(sorted(log_dir.glob("*.jsonl")))
-        check_history(store, ops, verification)
-        check_store(store, verification)
-        check_forks(store, stats.forks, verification)
-        check_redaction(store, secret, sessions, stats.redaction["session"] if stats.redaction else None,
-                        verification, purged=purged)
-        verification.add("workers", stats.errors)
-        entries = 0
-        branches = 0
-        for sid in sessions:
-            s = store.load_session(sid)
-            entries += len(s)
-            branches += sum(1 for e in s.entries if not s.get_children(e["id"]))
-        total_bytes, objects = bytes_in_store(store)
-        tree_sid = pick_tree_session(store, sessions)
-        summary = {
-            "workers": size.workers,
-            "sessions": len(sessions),
-            "forks": len(stats.forks),
-            "entries": entries,
-            "branches": branches,
-            "turns": stats.turns_done,
-            "turns_planned": stats.turns_total,
-            "jobs": stats.jobs,
-            "handoffs": stats.handoffs,
-            "double_turns": stats.double_turns,
-            "appends": verification.acknowledged,
-            "appends_per_second": round(verification.acknowledged / write_s, 1) if write_s else 0.0,
-            "conflicts_handled": verification.conflicts,
-            "branch_summaries": stats.branch_summaries,
-            "context_compactions": stats.context_compactions,
-            "compactions": stats.compactions,
-            "redactions": 1 if stats.redaction else 0,
-            "bytes": total_bytes,
-            "objects": objects,
-            "write_seconds": round(write_s, 2),
-            "seconds": round(time.monotonic() - t0, 2),
-        }
-        report = {
-            "ok": verification.ok,
-            "verification": verification.to_json(),
-            "summary": summary,
-            "store": {"objects": loc.objects_url, "redis": loc.redis_url or "embedded",
-                      "redis_prefix": loc.redis_prefix, "kept": bool(args.keep)},
-            "tree_session": tree_sid,
-        }
+        verification = _verify(store, log_dir, stats, sessions, secret, purged=purged)
+        report = _report(store, loc, args, size, stats, verification, sessions, write_s, t0)
         if not ctx.json:
-            print_report(store, report, tree_sid)
+            print_report(store, report, report["tree_session"])
         return report
     finally:
-        if fleet is not None:
-            fleet.stop()
-        if store is not None:
-            if not args.keep and loc.external:
-                cleanup_external(store, loc)
-            if not args.keep:
-                # Before the store closes: a store that started the embedded server says on
-                # close that it leaves it running, which would not be true here.
-                stop_embedded(loc)
-            store.close()
-        cleanup_local(loc, log_dir, keep=bool(args.keep))
+        _clean_up(fleet, store, loc, log_dir, keep=bool(args.keep))
         report.setdefault("summary", {})
+
+
+def _play(store: SessionStore, fleet: Fleet, plans: dict[str, Plan], stats: Stats, status: StatusLine,
+          size: DemoSize, secret: str, log_dir: Path) -> float:
+    """Create the shared sessions (each named, as pi does) and their plans, then let the fleet
+    play every step. Returns the seconds the writing took."""
+    from store.core import uuid7
+    from store.demo.agent import RecordingStore
+
+    with open(log_dir / "main.jsonl", "ab") as main_log:
+        main_rec = RecordingStore(store, main_log)
+        from store.manager import SessionManager
+
+        for i in range(size.sessions):
+            sid = uuid7()
+            store.create_session(sid, cwd=f"/home/agent/project-{i + 1}")
+            SessionManager(main_rec, sid).append_session_info(f"project {i + 1}")  # type: ignore[arg-type]
+            steps = session_steps(i, size.turns, secret)
+            plans[sid] = Plan(sid, steps)
+            stats.turns_total += sum(1 for s in steps if s["kind"] == "turn")
+        fleet.wait_ready()
+        write_s = schedule(store, fleet, plans, stats, status, size)
+        fleet.stop()
+    return write_s
+
+
+def _verify(store: SessionStore, log_dir: Path, stats: Stats, sessions: list[str], secret: str, *,
+            purged: bool) -> Verification:
+    """Every check of ``store.demo.check`` over everything the run wrote."""
+    from store.demo.check import (
+        Verification,
+        check_forks,
+        check_history,
+        check_redaction,
+        check_store,
+        load_ops,
+    )
+
+    verification = Verification()
+    ops = load_ops(sorted(log_dir.glob("*.jsonl")))
+    check_history(store, ops, verification)
+    check_store(store, verification)
+    check_forks(store, stats.forks, verification)
+    check_redaction(store, secret, sessions, stats.redaction["session"] if stats.redaction else None,
+                    verification, purged=purged)
+    verification.add("workers", stats.errors)
+    return verification
+
+
+def _report(store: SessionStore, loc: Location, args: argparse.Namespace, size: DemoSize, stats: Stats,
+            verification: Verification, sessions: list[str], write_s: float, t0: float) -> dict[str, Any]:
+    """The JSON report: the verdict, the verification, the run's figures, where it ran, and
+    the session whose tree is drawn."""
+    entries = 0
+    branches = 0
+    for sid in sessions:
+        s = store.load_session(sid)
+        entries += len(s)
+        branches += sum(1 for e in s.entries if not s.get_children(e["id"]))
+    total_bytes, objects = bytes_in_store(store)
+    tree_sid = pick_tree_session(store, sessions)
+    summary = {
+        "workers": size.workers,
+        "sessions": len(sessions),
+        "forks": len(stats.forks),
+        "entries": entries,
+        "branches": branches,
+        "turns": stats.turns_done,
+        "turns_planned": stats.turns_total,
+        "jobs": stats.jobs,
+        "handoffs": stats.handoffs,
+        "double_turns": stats.double_turns,
+        "appends": verification.acknowledged,
+        "appends_per_second": round(verification.acknowledged / write_s, 1) if write_s else 0.0,
+        "conflicts_handled": verification.conflicts,
+        "branch_summaries": stats.branch_summaries,
+        "context_compactions": stats.context_compactions,
+        "compactions": stats.compactions,
+        "redactions": 1 if stats.redaction else 0,
+        "bytes": total_bytes,
+        "objects": objects,
+        "write_seconds": round(write_s, 2),
+        "seconds": round(time.monotonic() - t0, 2),
+    }
+    return {
+        "ok": verification.ok,
+        "verification": verification.to_json(),
+        "summary": summary,
+        "store": {"objects": loc.objects_url, "redis": loc.redis_url or "embedded",
+                  "redis_prefix": loc.redis_prefix, "kept": bool(args.keep)},
+        "tree_session": tree_sid,
+    }
+
+
+def _clean_up(fleet: Fleet | None, store: SessionStore | None, loc: Location, log_dir: Path, *,
+              keep: bool) -> None:
+    """Stop the workers; unless --keep, remove the run's data and stop the embedded server."""
+    if fleet is not None:
+        fleet.stop()
+    if store is not None:
+        if not keep and loc.external:
+            cleanup_external(store, loc)
+        if not keep:
+            # Before the store closes: a store that started the embedded server says on
+            # close that it leaves it running, which would not be true here.
+            stop_embedded(loc)
+        store.close()
+    cleanup_local(loc, log_dir, keep=keep)
 
 
 def run_demo_command(args: argparse.Namespace, ctx: Ctx) -> int:

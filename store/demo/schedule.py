@@ -97,35 +97,73 @@ def count_compactions(store: SessionStore, sessions: list[str]) -> int:
 
 
 def schedule(store: SessionStore, fleet: Fleet, plans: dict[str, Plan], stats: Stats,
-              status: StatusLine, size: DemoSize) -> float:
+             status: StatusLine, size: DemoSize) -> float:
     """Hand the steps of every session to the workers until done. Returns the seconds spent."""
-    from store.core import uuid7
+    return _Scheduler(store, fleet, plans, stats, status, size).run()
 
-    started = time.monotonic()
-    job_ids = 0
-    jobs: dict[int, tuple[str, dict[str, Any]]] = {}
-    last_count = 0.0
-    last_heard = time.monotonic()
-    capped = False
 
-    def progress(force: bool = False) -> None:
-        elapsed = time.monotonic() - started
+class _Scheduler:
+    """One run of ``schedule``: the jobs in flight, and when a worker was last heard from."""
+
+    def __init__(self, store: SessionStore, fleet: Fleet, plans: dict[str, Plan], stats: Stats,
+                 status: StatusLine, size: DemoSize) -> None:
+        self.store = store
+        self.fleet = fleet
+        self.plans = plans
+        self.stats = stats
+        self.status = status
+        self.size = size
+        self.started = time.monotonic()
+        self.job_ids = 0
+        self.jobs: dict[int, tuple[str, dict[str, Any]]] = {}
+        self.last_count = 0.0
+        self.last_heard = time.monotonic()
+        self.capped = False
+
+    def run(self) -> float:
+        while True:
+            elapsed = time.monotonic() - self.started
+            self.capped = self.size.seconds > 0 and elapsed >= self.size.seconds
+            self.hand_out()
+            if not self.jobs:
+                break
+            if time.monotonic() - self.last_count >= 2.0:
+                self.last_count = time.monotonic()
+                self.stats.compactions = count_compactions(self.store, list(self.plans))
+            self.progress()
+            if not self.receive():
+                break
+        elapsed = time.monotonic() - self.started
+        failure = self.fleet.compactor_failure()
+        if failure:
+            self.stats.errors.append(failure)
+        self.stats.compactions = count_compactions(self.store, list(self.plans))
+        self.progress(force=True)
+        self.status.done()
+        return elapsed
+
+    def progress(self, force: bool = False) -> None:
+        stats = self.stats
+        elapsed = time.monotonic() - self.started
         rate = stats.appends / elapsed if elapsed > 0 else 0.0
-        status.update(
+        self.status.update(
             f"demo {elapsed:5.1f}s · turns {stats.turns_done}/{stats.turns_total} · appends {stats.appends} "
             f"({rate:.0f}/s) · conflicts {stats.conflicts} · forks {len(stats.forks)} · "
-            f"compactions {stats.compactions} · sessions {len(plans)}" + (" · time's up, finishing" if capped else ""),
+            f"compactions {stats.compactions} · sessions {len(self.plans)}"
+            + (" · time's up, finishing" if self.capped else ""),
             force=force,
         )
 
-    while True:
-        elapsed = time.monotonic() - started
-        capped = size.seconds > 0 and elapsed >= size.seconds
+    def hand_out(self) -> None:
+        """Send the next step of every session that has none in flight (once time is up, only
+        the required ones)."""
+        from store.core import uuid7
+
         # Double turns first: while one waits for two idle workers, nothing else is handed
         # out, so that workers drain and the race happens now rather than at the very end.
-        ready = [p for p in plans.values()
+        ready = [p for p in self.plans.values()
                  if not p.in_flight and p.index < len(p.steps)
-                 and not (capped and not p.steps[p.index].get("required"))]
+                 and not (self.capped and not p.steps[p.index].get("required"))]
         ready.sort(key=lambda p: not p.steps[p.index].get("double"))
         reserving = False
         for plan in ready:
@@ -139,77 +177,72 @@ def schedule(store: SessionStore, fleet: Fleet, plans: dict[str, Plan], stats: S
             if job.get("double"):
                 # A real race needs two idle workers: both open the session (same leaf)
                 # before either writes. Otherwise wait for two to be free.
-                workers = fleet.idle(plan.last_workers, 2)
+                workers = self.fleet.idle(plan.last_workers, 2)
                 if len(workers) < 2:
                     plan.index -= 1
                     reserving = True
                     continue
                 job["start_at"] = time.time() + 0.3
-                stats.double_turns += 1
+                self.stats.double_turns += 1
             else:
-                workers = fleet.pick(plan.last_workers)
+                workers = self.fleet.pick(plan.last_workers)
             if plan.last_workers and not (set(workers) & plan.last_workers):
-                stats.handoffs += 1
+                self.stats.handoffs += 1
             for w in workers:
-                job_ids += 1
-                sent = dict(job, id=job_ids)
-                jobs[job_ids] = (plan.session, sent)
+                self.job_ids += 1
+                sent = dict(job, id=self.job_ids)
+                self.jobs[self.job_ids] = (plan.session, sent)
                 plan.in_flight += 1
-                fleet.send(w, sent)
+                self.fleet.send(w, sent)
             plan.last_workers = set(workers)
-        if not jobs:
-            break
-        if time.monotonic() - last_count >= 2.0:
-            last_count = time.monotonic()
-            stats.compactions = count_compactions(store, list(plans))
-        progress()
-        msg = fleet.receive(0.2)
-        if msg is None:
-            dead = fleet.dead_workers()
-            if dead:
-                stats.errors.append(f"worker(s) {dead} died with jobs in flight")
-                break
-            if time.monotonic() - last_heard > STALL_S:
-                stats.errors.append(f"no worker finished a job for {STALL_S:.0f} s: stopped waiting")
-                break
-            continue
-        last_heard = time.monotonic()
-        if msg["kind"] == "ready":
-            continue
-        if msg["kind"] == "crashed":
-            stats.errors.append(f"worker {msg['worker']} crashed: {msg['error']}")
-            break
-        if msg["kind"] == "done":
-            sid, job = jobs.pop(msg["job"])
-            fleet.outstanding[msg["worker"]] -= 1
-            plan = plans[sid]
-            plan.in_flight -= 1
-            stats.jobs += 1
-            stats.appends += msg.get("appends", 0)
-            stats.conflicts += msg.get("conflicts", 0)
-            if not msg["ok"]:
-                stats.errors.append(f"worker {msg['worker']}, {job['kind']} on {sid}: {msg['error']}")
-                if os.environ.get("SESSIONSTORE_DEBUG"):
-                    err(msg.get("traceback", ""))
-            if job["kind"] == "turn" and plan.in_flight == 0:
-                stats.turns_done += 1
-            stats.branch_summaries += int(bool(msg.get("branch_summary")))
-            stats.context_compactions += int(bool(msg.get("context_compaction")))
-            if msg.get("redaction"):
-                stats.redaction = msg["redaction"]
-            if msg.get("fork"):
-                fork = msg["fork"]
-                stats.forks.append(fork)
-                steps = fork_steps(size.turns)
-                plans[fork["session"]] = Plan(fork["session"], steps, fork_of=sid,
-                                              last_workers={msg["worker"]})
-                stats.turns_total += len(steps)
-    elapsed = time.monotonic() - started
-    failure = fleet.compactor_failure()
-    if failure:
-        stats.errors.append(failure)
-    stats.compactions = count_compactions(store, list(plans))
-    progress(force=True)
-    status.done()
-    return elapsed
 
+    def receive(self) -> bool:
+        """Wait a moment for a worker's message and take it in. False: stop scheduling (a
+        worker died, crashed or hung)."""
+        msg = self.fleet.receive(0.2)
+        if msg is None:
+            dead = self.fleet.dead_workers()
+            if dead:
+                self.stats.errors.append(f"worker(s) {dead} died with jobs in flight")
+                return False
+            if time.monotonic() - self.last_heard > STALL_S:
+                self.stats.errors.append(f"no worker finished a job for {STALL_S:.0f} s: stopped waiting")
+                return False
+            return True
+        self.last_heard = time.monotonic()
+        if msg["kind"] == "ready":
+            return True
+        if msg["kind"] == "crashed":
+            self.stats.errors.append(f"worker {msg['worker']} crashed: {msg['error']}")
+            return False
+        if msg["kind"] == "done":
+            self.done(msg)
+        return True
+
+    def done(self, msg: dict[str, Any]) -> None:
+        """A job finished: count what it did; a fork becomes a session with a plan of its own."""
+        stats = self.stats
+        sid, job = self.jobs.pop(msg["job"])
+        self.fleet.outstanding[msg["worker"]] -= 1
+        plan = self.plans[sid]
+        plan.in_flight -= 1
+        stats.jobs += 1
+        stats.appends += msg.get("appends", 0)
+        stats.conflicts += msg.get("conflicts", 0)
+        if not msg["ok"]:
+            stats.errors.append(f"worker {msg['worker']}, {job['kind']} on {sid}: {msg['error']}")
+            if os.environ.get("SESSIONSTORE_DEBUG"):
+                err(msg.get("traceback", ""))
+        if job["kind"] == "turn" and plan.in_flight == 0:
+            stats.turns_done += 1
+        stats.branch_summaries += int(bool(msg.get("branch_summary")))
+        stats.context_compactions += int(bool(msg.get("context_compaction")))
+        if msg.get("redaction"):
+            stats.redaction = msg["redaction"]
+        if msg.get("fork"):
+            fork = msg["fork"]
+            stats.forks.append(fork)
+            steps = fork_steps(self.size.turns)
+            self.plans[fork["session"]] = Plan(fork["session"], steps, fork_of=sid,
+                                               last_workers={msg["worker"]})
+            stats.turns_total += len(steps)
