@@ -791,3 +791,18 @@ def test_embedded_server_loading_is_not_given_a_twin(tmp_path: Path) -> None:
         assert embedded.ensure_running() == url and embedded.pid() == pid
     finally:
         embedded.stop()
+
+
+def test_verify_reports_a_redis_tail_ahead_of_the_object_store(
+    cli: CLI, make_store: Callable[..., SessionStore]
+) -> None:
+    """Invariant 4: Redis's tail is never ahead of the object store. verify compares them."""
+    store = make_store()
+    store.create_session("ahead")
+    _grow(store, "ahead", 3)
+    assert cli("verify", "ahead").code == 0
+    store.coord.client.hset(store.coord.keys.tail("ahead"), "seq", 9)
+    res = cli("verify", "ahead", "--json")
+    assert res.code == Exit.FAILED
+    (result,) = res.json()["results"]
+    assert any("ahead of the object store" in f for f in result["faults"])

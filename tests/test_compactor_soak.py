@@ -202,7 +202,10 @@ def test_soak_three_compactors_four_writers_two_readers(
         mine = [r for r in records if r["session"] == sid]
         assert seq >= 50, (sid, seq)  # enough appends for an unbounded session to show
         assert max((r["segments"] for r in mine), default=0) < 0.7 * seq, (sid, seq)
-        assert max((r["after_manifest"] for r in mine), default=0) <= 6 * COMPACT_AFTER
+        # A few thresholds' worth: on moto about 6; SeaweedFS answers a create that races
+        # another on the same key after its per-key lock's one-second retry, so compactors
+        # that race for a manifest lag further behind (up to ~10 measured on 2 cores).
+        assert max((r["after_manifest"] for r in mine), default=0) <= 12 * COMPACT_AFTER
 
     # After a last pass with the grace period over, only what is reachable remains.
     later = int(time.time() * 1000) + 60_000

@@ -38,7 +38,7 @@ def test_short_soak_breaks_no_guarantee(backend: str, tmp_path: Path) -> None:
         pytest.skip("the soak starts, kills and pauses servers of its own")
     workdir = tmp_path / "soak"
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.soak", "--duration", str(DURATION_S), "--writers", "3",
+        [sys.executable, "-m", "tests.soak", "--duration", str(DURATION_S), "--writers", "4",
          "--sessions", "2", "--seed", "7", "--backend", backend, "--json", "--quiet",
          "--workdir", str(workdir)],
         cwd=REPO, capture_output=True, timeout=DURATION_S + 280,

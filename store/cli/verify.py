@@ -365,7 +365,7 @@ def _check_redis(
     inc = header.incarnation
     if redis_error:
         check.warnings.append(f"Redis not compared: {redis_error}")
-    elif redis_state is not None and redis_state.inc == inc and contiguous == len(live):
+    elif redis_state is not None and redis_state.inc == inc and (not live or live[-1] == true_seq):
         if redis_state.seq > true_seq:
             check.faults.append(
                 f"Redis's tail (segment {redis_state.seq}) is ahead of the object store "
