@@ -11,23 +11,24 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 #: Epoch milliseconds.
+from store.clock import now_ms
+from store.records import FaultHook as StoreFaultHook
+
 Clock = Callable[[], int]
 
 #: ``hook(point, ctx)`` called at named points (see docs/compaction.md); tests turn a point
-#: into a crash (``os.kill(os.getpid(), SIGKILL)``), a pause or an exception.
-FaultHook = Callable[[str, dict[str, Any]], None]
+#: into a crash (``os.kill(os.getpid(), SIGKILL)``), a pause or an exception. The store's own.
+FaultHook = StoreFaultHook
 
 DEFAULT_GRACE_MS = 10 * 60 * 1000
 
 
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
+wall_clock_ms = now_ms
 
 
 def new_worker_id() -> str:

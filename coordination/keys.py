@@ -65,6 +65,3 @@ class Keys:
     @property
     def workers(self) -> str:
         return f"{self.prefix}:compaction:workers"
-
-    def session_keys(self, sid: str) -> list[str]:
-        return [self.tail(sid), self.ids(sid), self.job_pending(sid), self.claim(sid), self.deleted(sid)]

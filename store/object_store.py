@@ -76,9 +76,6 @@ class ObjectStore(ABC):
       (``a/b`` as ``ObjectExistsError``). The store's layout never needs both.
     """
 
-    #: True when put_if_absent is arbitrated by the backend itself.
-    atomic_create: bool = True
-
     def __init__(self) -> None:
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()

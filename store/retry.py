@@ -60,4 +60,3 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY = RetryPolicy()
-NO_RETRY = RetryPolicy(attempts=1)

@@ -5,11 +5,11 @@ first use), the clock and a counted noun. Each subcommand takes the parsed argum
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from store.cli.common import Config, open_store
+from store.clock import now_ms  # noqa: F401  (the command modules import it from here)
 
 if TYPE_CHECKING:
     from store.core import SessionStore
@@ -33,8 +33,6 @@ class Ctx:
             self._store = None
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def counted(n: int, one: str, many: str) -> str:

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 import orjson
 
+from store.clock import now_ms as _ms
 from store.errors import ConflictError, IndeterminateError, SessionStoreError
 
 #: Scripted tasks: (user prompt, [(tool, arguments, result text)], final answer).
@@ -53,8 +54,6 @@ TASKS: list[tuple[str, list[tuple[str, dict[str, Any], str]], str]] = [
 MODEL = {"api": "anthropic-messages", "provider": "anthropic", "model": "claude-sonnet-4-5"}
 
 
-def _ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _usage(rng: random.Random) -> dict[str, Any]:
