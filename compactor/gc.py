@@ -339,6 +339,14 @@ class GarbageCollector:
             return False
         if not created:
             return False  # its compactor came back (or another GC fenced it): either way, taken
+        # Our fence may have landed *below* the newest manifest: this GC paused before the
+        # create while the generation was created (by the bases' own compactor, naming them),
+        # superseded by a fence that copied its bases, and deleted. Only a fence that is the
+        # newest when created proves the bases unnamed for good: later manifests either copy
+        # it (a fence) or write bases of their own (a compaction).
+        newest = store.manifests.latest(sid, inc)
+        if newest is None or newest.generation != gen:
+            return False
         log.info("fenced an abandoned generation", extra={"session_id": sid, "generation": gen})
         return True
 

@@ -441,6 +441,60 @@ def test_compactor_paused_before_its_manifest_past_the_orphan_grace(
     assert make_store().load_session_entries("c") == before
 
 
+def test_gc_paused_before_its_fence_deletes_no_base_a_newer_manifest_names(
+    make_store: Callable[..., SessionStore], clock: FakeClock
+) -> None:
+    """GC decided to fence generation 1 for an old orphan base and paused before the create.
+    Meanwhile the base's compactor came back and created manifest 1 naming it, a later fence
+    (generation 2) copied manifest 1, and GC deleted manifest 1. The paused GC's create of
+    generation 1 now succeeds *below* the newest manifest: the base it listed as an orphan is
+    named by the newest manifest and must not be deleted."""
+
+    class Died(Exception):
+        pass
+
+    def die(point: str, ctx: dict[str, Any]) -> None:
+        if point == "compact.before_manifest":
+            raise Died()
+
+    w = make_store()
+    w.create_session("o")
+    w.append_session_entries("o", [entry("a", None)])
+    w.append_session_entries("o", [entry("b", "a")])
+    before = w.load_session_entries("o")
+    inc = w.get_header("o").incarnation
+    slow_pause = Pause("compact.before_manifest")
+    slow = compactor_for(w, clock, fault_hook=slow_pause)
+    slow_job = InThread(lambda: slow.compact_session("o"))
+    slow_pause.wait_paused()  # bases of generation 1 written, manifest 1 not yet
+    clock.advance(GRACE_MS + 1)
+    gc_pause = Pause("gc.before_fence_manifest")
+    paused_gc = compactor_for(w, clock, fault_hook=gc_pause)
+    gc_job = InThread(lambda: paused_gc.gc_session("o"))
+    gc_pause.wait_paused()
+    slow_pause.release()
+    assert slow_job.result().outcome == "compacted"  # manifest 1 names its bases
+    # A compactor of generation 2 dies before its manifest; a grace later GC fences 2 (a
+    # copy of manifest 1) and, a grace after that, deletes manifest 1.
+    w.append_session_entries("o", [entry("c", "b")])
+    with pytest.raises(Died):
+        compactor_for(w, clock, fault_hook=die).compact_session("o")
+    clock.advance(GRACE_MS + 1)
+    compactor_for(w, clock).gc_session("o")
+    clock.advance(GRACE_MS + 1)
+    compactor_for(w, clock).gc_session("o")
+    newest = w.latest_manifest("o", inc)
+    assert newest is not None and newest.generation == 2 and newest.raw["compaction"]["kind"] == "fence"
+    assert w.objects.head(w.layout.manifest("o", inc, 1)) is None
+    gc_pause.release()
+    deleted = gc_job.result().deleted
+    assert not any(key in newest.base_keys for _, key in deleted)
+    assert all(w.objects.head(key) is not None for key in newest.base_keys)
+    assert make_store().load_session_entries("o") == before + [
+        e for e in w.load_session_entries("o") if e["id"] == "c"
+    ]
+
+
 def test_manifest_created_late_by_a_paused_compactor_gets_its_full_grace(
     make_store: Callable[..., SessionStore], s3_url: str, redis_prefix: str, redis_url: str
 ) -> None:
