@@ -40,7 +40,6 @@ from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
 from compactor.gc import GarbageCollector
 from compactor.records import BaseRef, CompactionRecord, CompactionResult, GcResult
 from compactor.redaction import RedactionIndex
-from store.clock import iso_ms
 from store.core import SessionStore
 from store.entries import encode_json
 from store.errors import (
@@ -51,7 +50,7 @@ from store.errors import (
     ObjectNotFoundError,
 )
 from store.layout import Layout, check_session_id
-from store.manifest import Manifest, build_manifest
+from store.manifest import Manifest, build_manifest, compaction_record
 from store.migrations import CURRENT_SCHEMA
 from store.segments import SCHEMA, SHA256, contiguous, decode_object
 
@@ -397,21 +396,19 @@ class Compactor:
             retired.append(layout.manifest(sid, inc, previous.generation))
             retired.extend(str(b["key"]) for b in previous.bases)
         retired.extend(key for _, key in segments)
-        record = {
-            "segments_merged": [merged[0], merged[1]],
-            "segment_count": len(segments),
-            "entries": scan.entries,
-            "entries_merged": sum(scan.seq_counts[merged[0] - 1 :]),
-            "bytes_in": scan.bytes_in,
-            "segment_bytes": scan.segment_bytes,
-            "bytes_out": sum(b.bytes for b in bases),
-            "redactions_purged": purged,
-            "worker": self.worker,
-            "started_at": iso_ms(started_ms),
-            "finished_at": iso_ms(finished_ms),
-            "started_at_ms": started_ms,
-            "finished_at_ms": finished_ms,
-        }
+        record = compaction_record(
+            worker=self.worker,
+            started_ms=started_ms,
+            finished_ms=finished_ms,
+            segments_merged=[merged[0], merged[1]],
+            segment_count=len(segments),
+            entries=scan.entries,
+            entries_merged=sum(scan.seq_counts[merged[0] - 1 :]),
+            bytes_in=scan.bytes_in,
+            segment_bytes=scan.segment_bytes,
+            bytes_out=sum(b.bytes for b in bases),
+            redactions_purged=purged,
+        )
         return build_manifest(
             session_id=sid,
             incarnation=inc,

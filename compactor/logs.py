@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from compactor.records import iso_ms
+from store.clock import iso_ms
 
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}

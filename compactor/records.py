@@ -1,50 +1,10 @@
-"""What a manifest says about a compaction, and what a compaction or GC pass returns.
-
-A manifest (``manifest/<gen:016d>.json``, written once with If-None-Match) is the only thing
-that makes a base reachable. The reader in ``store/core.py`` depends on ``generation``,
-``through_seq``, ``seq_counts`` and ``bases``; everything else is for GC, operators and
-``compaction history``. Field by field:
-
-``schema``                 1
-``session_id``, ``incarnation``
-``generation``             previous generation + 1 (the first manifest is 1)
-``previous_generation``    0 for the first
-``through_seq``            the last segment merged; readers read segments after it
-``seq_counts``             entries of each segment 1..through_seq, so ids keep their segment
-                           number (an idempotent re-send answers with the original seq)
-``bases``                  ``[{"key", "sha256", "entries", "bytes"}]`` in commit order
-``entry_count``            sum of ``seq_counts`` = entries in the bases
-``last_entry_id``          id of the last entry in the bases ("" if none)
-``compaction``             this compaction: ``segments_merged`` [first, last], ``segment_count``,
-                           ``entries`` (written to the bases), ``entries_merged`` (from the
-                           segments), ``bytes_in`` (previous bases + segments read),
-                           ``segment_bytes``, ``bytes_out``, ``redactions_purged`` (entries
-                           whose content this compaction replaced by a tombstone), ``worker``,
-                           ``started_at``/``finished_at`` (ISO-8601 UTC) and their ``_ms``
-``retired``                keys this manifest makes unreachable: the previous manifest, the
-                           previous bases, the merged segments
-``grace_ms``               the grace period of the compactor that wrote it
-``delete_after_ms``        ``finished_at_ms + grace_ms``: nothing retired goes before this
-``history``                the ``compaction`` records of earlier generations (newest first,
-                           bounded), each with its ``generation``: GC deletes old manifests,
-                           so the history travels forward in the newest one
-"""
+"""What a compaction or GC pass returns, and a compaction as ``compaction history`` shows it.
+The manifest format itself (every field) is defined in ``store/manifest.py``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
-
-MANIFEST_SCHEMA = 1
-
-
-def iso_ms(ms: int) -> str:
-    return (
-        datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-        .isoformat(timespec="milliseconds")
-        .replace("+00:00", "Z")
-    )
 
 
 @dataclass(frozen=True, slots=True)

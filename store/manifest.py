@@ -112,6 +112,28 @@ class Manifest:
         return out[:limit]
 
 
+def compaction_record(*, worker: str, started_ms: int, finished_ms: int, **figures: Any) -> dict[str, Any]:
+    """A manifest's ``compaction`` field: the figures given (counts not given are 0), who made
+    it, and when (ISO-8601 and epoch ms)."""
+    record: dict[str, Any] = {
+        "segments_merged": [0, 0],
+        "segment_count": 0,
+        "entries": 0,
+        "bytes_in": 0,
+        "bytes_out": 0,
+        "redactions_purged": 0,
+    }
+    record.update(figures)
+    record.update(
+        worker=worker,
+        started_at=iso_ms(started_ms),
+        finished_at=iso_ms(finished_ms),
+        started_at_ms=started_ms,
+        finished_at_ms=finished_ms,
+    )
+    return record
+
+
 def build_manifest(
     *,
     session_id: str,
@@ -166,20 +188,7 @@ def fence_manifest(
     retires nothing; creating it only takes ``generation`` away from a compactor that wrote
     bases for it and may never come back (see compactor/gc.py).
     """
-    record = {
-        "kind": "fence",
-        "segments_merged": [0, 0],
-        "segment_count": 0,
-        "entries": 0,
-        "bytes_in": 0,
-        "bytes_out": 0,
-        "redactions_purged": 0,
-        "worker": worker,
-        "started_at": iso_ms(now_ms),
-        "finished_at": iso_ms(now_ms),
-        "started_at_ms": now_ms,
-        "finished_at_ms": now_ms,
-    }
+    record = compaction_record(worker=worker, started_ms=now_ms, finished_ms=now_ms, kind="fence")
     return build_manifest(
         session_id=session_id,
         incarnation=incarnation,
@@ -274,4 +283,11 @@ class ManifestStore:
         return obj.metadata.get(NONCE) == nonce
 
 
-__all__ = ["MANIFEST_SCHEMA", "Manifest", "ManifestStore", "build_manifest", "fence_manifest"]
+__all__ = [
+    "MANIFEST_SCHEMA",
+    "Manifest",
+    "ManifestStore",
+    "build_manifest",
+    "compaction_record",
+    "fence_manifest",
+]

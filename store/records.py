@@ -13,8 +13,6 @@ EMPTY_TAIL = ""
 
 from store.migrations import CURRENT_SCHEMA as HEADER_SCHEMA  # noqa: E402
 
-MANIFEST_SCHEMA = 1
-
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
