@@ -35,6 +35,7 @@ import uuid
 from typing import Literal
 
 from coordination.redis import CheckResult, CommitResult
+from store import creates
 from store.context import StoreContext
 from store.entries import PreparedBatch, entry_hash
 from store.errors import (
@@ -44,12 +45,10 @@ from store.errors import (
     ContentionError,
     IdCollisionError,
     IndeterminateError,
-    ObjectExistsError,
     ObjectNotFoundError,
     SessionNotFoundError,
     UnknownParentError,
 )
-from store.headers import get_after_resend
 from store.objects import StoredObject
 from store.read import Reader
 from store.records import AppendResult, Header
@@ -136,28 +135,15 @@ class Appender:
     ) -> Literal["ours", "gone"] | StoredObject:
         """PUT a segment. Returns "ours", "gone", or the other writer's object."""
         ctx = self.ctx
-        attempts = 0
-
-        def put() -> None:
-            nonlocal attempts
-            attempts += 1
-            ctx.objects.put_if_absent(key, body, metadata)
-
         try:
-            ctx.options.retry.call(put)
-            return "ours"
-        except ObjectExistsError:
-            pass
+            attempts = creates.create(ctx.objects, ctx.options.retry, key, body, metadata)
         except BackendUnavailableError as exc:
             return self._put_outcome_unknown(key, nonce, exc)
+        if attempts == 0:
+            return "ours"
         ctx.fault("append.slot_taken", key=key, attempts=attempts)
         try:
-            if attempts > 1:
-                obj = get_after_resend(ctx.objects, ctx.options.retry, key)
-            else:
-                # Taken before our only attempt: certainly another writer's. A failure to
-                # read it is a plain error: nothing of ours was written.
-                obj = ctx.options.retry.call(lambda: ctx.objects.get(key))
+            obj = creates.read_taken(ctx.objects, ctx.options.retry, key, attempts)
         except ObjectNotFoundError:
             return "gone"
         if is_ours(obj, nonce):

@@ -13,21 +13,20 @@ import threading
 import uuid
 from typing import Any
 
+from store import creates
 from store.clock import iso_now, now_ms
 from store.entries import decode_json, encode_json
 from store.errors import (
-    BackendError,
     BackendUnavailableError,
     CorruptObjectError,
     IndeterminateError,
     InvalidInputError,
-    ObjectExistsError,
     ObjectNotFoundError,
     SessionExistsError,
     SessionNotFoundError,
 )
 from store.layout import Layout
-from store.objects import ObjectStore, StoredObject
+from store.objects import ObjectStore
 from store.records import ForkPoint, Header
 from store.retry import RetryPolicy
 from store.segments import NONCE, is_ours
@@ -66,21 +65,6 @@ def new_header(
         pi_header=dict(pi_header),
         fork=fork,
     )
-
-
-def get_after_resend(objects: ObjectStore, retry: RetryPolicy, key: str) -> StoredObject:
-    """GET an object that a re-sent create of ours met (412). If the GET fails, whether our
-    earlier attempt landed stays unknown: ``IndeterminateError``, never "not written"
-    (docs/reliability.md, G7). ``ObjectNotFoundError`` passes through."""
-    try:
-        return retry.call(lambda: objects.get(key))
-    except ObjectNotFoundError:
-        raise
-    except BackendError as exc:
-        raise IndeterminateError(
-            f"{key!r}: a re-sent create met an object that could not be read ({exc}); "
-            "re-sending is safe"
-        ) from exc
 
 
 class HeaderStore:
@@ -134,27 +118,21 @@ class HeaderStore:
         ``IndeterminateError`` if the create may or may not have landed."""
         key = self.layout.header(header.session_id)
         data = encode_json(header.to_json())
-        metadata = {NONCE: header.incarnation}
-        attempts = 0
-
-        def put() -> None:
-            nonlocal attempts
-            attempts += 1
-            self.objects.put_if_absent(key, data, metadata)
-
         try:
-            self.retry.call(put)
-        except ObjectExistsError:
-            # Taken before our first attempt: someone else's. Taken at a resend: perhaps
-            # our own earlier attempt, whose answer was lost.
-            if attempts == 1 or not is_ours(get_after_resend(self.objects, self.retry, key), header.incarnation):
-                raise SessionExistsError(header.session_id) from None
+            attempts = creates.create(self.objects, self.retry, key, data, {NONCE: header.incarnation})
         except BackendUnavailableError as exc:
             raise IndeterminateError(
                 f"{key!r}: the create failed and may still have landed ({exc}); "
                 "get_header() tells whether the session exists"
             ) from exc
+        # Taken before our first attempt: someone else's. Taken at a resend: perhaps our own
+        # earlier attempt, whose answer was lost.
+        if attempts == 1 or (
+            attempts > 1
+            and not is_ours(creates.read_taken(self.objects, self.retry, key, attempts), header.incarnation)
+        ):
+            raise SessionExistsError(header.session_id)
         self.remember(header)
 
 
-__all__ = ["HeaderStore", "get_after_resend", "new_header", "uuid7"]
+__all__ = ["HeaderStore", "new_header", "uuid7"]
