@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,7 @@ from history import Op, attempt, check_history, load_ops
 from compactor import Compactor, CompactorOptions
 from store import SessionStore
 from store.errors import (
-    ConflictError,
     IndeterminateError,
-    ObjectNotFoundError,
     SessionNotFoundError,
 )
 from store.retry import RetryPolicy
@@ -103,6 +101,14 @@ def entry(eid: str, parent: str | None) -> dict[str, Any]:
     return {"type": "message", "id": eid, "parentId": parent,
             "timestamp": "2026-11-22T10:00:00.000Z",
             "message": {"role": "user", "content": f"content of {eid}"}}
+
+
+def chain(store: SessionStore, sid: str, ids: list[str], parent: str | None = None) -> str | None:
+    """Append one entry per id, each the child of the one before; returns the last id."""
+    for eid in ids:
+        store.append_session_entries(sid, [entry(eid, parent)])
+        parent = eid
+    return parent
 
 
 def compactor_for(store: SessionStore, clock: FakeClock, **options: Any) -> Compactor:
@@ -359,10 +365,7 @@ def test_reader_paused_before_its_probe_past_two_compactions_is_not_truncated(
 
     w = make_store()
     w.create_session("p")
-    parent = None
-    for i in range(2):
-        w.append_session_entries("p", [entry(f"e{i}", parent)])
-        parent = f"e{i}"
+    chain(w, "p", [f"e{i}" for i in range(2)])
     compactor_for(w, clock).compact_session("p")  # gen 1 through 2
     w.append_session_entries("p", [entry("e2", "e1")])  # seg 3
     with pytest.raises(Died):
@@ -391,10 +394,7 @@ def test_reader_paused_after_reading_the_manifest_sees_the_same_session(
 ) -> None:
     w = make_store()
     w.create_session("q")
-    parent = None
-    for i in range(6):
-        w.append_session_entries("q", [entry(f"e{i}", parent)])
-        parent = f"e{i}"
+    chain(w, "q", [f"e{i}" for i in range(6)])
     before = w.load_session_entries("q")
     pause = Pause("read.after_manifest")
     reader = make_store(fault_hook=pause)
@@ -417,10 +417,7 @@ def test_compactor_paused_before_its_manifest_past_the_orphan_grace(
     manifest first. The compactor's create then fails and the session reads the same."""
     w = make_store()
     w.create_session("c")
-    parent = None
-    for i in range(4):
-        w.append_session_entries("c", [entry(f"e{i}", parent)])
-        parent = f"e{i}"
+    chain(w, "c", [f"e{i}" for i in range(4)])
     before = w.load_session_entries("c")
     pause = Pause("compact.before_manifest")
     slow = compactor_for(w, clock, fault_hook=pause)
@@ -525,19 +522,14 @@ def test_gc_paused_between_deciding_and_deleting(
     deletes when it goes on was retired then and is still retired; nothing live goes."""
     w = make_store()
     w.create_session("k")
-    parent = None
-    for i in range(4):
-        w.append_session_entries("k", [entry(f"e{i}", parent)])
-        parent = f"e{i}"
+    parent = chain(w, "k", [f"e{i}" for i in range(4)])
     compactor_for(w, clock).compact_session("k")
     clock.advance(GRACE_MS + 1)
     pause = Pause("gc.before_delete", when=lambda ctx: ctx["kind"] == "segment")
     gc = compactor_for(w, clock, fault_hook=pause)
     job = InThread(lambda: gc.gc_session("k"))
     pause.wait_paused()
-    for i in range(4, 8):
-        w.append_session_entries("k", [entry(f"e{i}", parent)])
-        parent = f"e{i}"
+    parent = chain(w, "k", [f"e{i}" for i in range(4, 8)], parent)
     compactor_for(w, clock).compact_session("k")
     w.append_session_entries("k", [entry("e8", parent)])
     pause.release()
@@ -686,10 +678,7 @@ def test_follower_yields_every_entry_once_across_compaction_gc_and_a_zombie(
     zombie_writer = make_store(fault_hook=zombie_pause)
     late = InThread(lambda: attempt(zombie_writer, "f", [entry("late", "a")], "a"))
     zombie_pause.wait_paused()
-    parent = "a"
-    for i in range(5):
-        w.append_session_entries("f", [entry(f"e{i}", parent)])
-        parent = f"e{i}"
+    parent = chain(w, "f", [f"e{i}" for i in range(5)], "a")
     compact_and_collect(w, clock, "f")
     zombie_pause.release()
     assert late.result().outcome == "conflict"
