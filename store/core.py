@@ -251,8 +251,15 @@ class SessionStore:
         try:
             header = self.headers.read(sid)
             last = after_seq if after_seq is not None else self.read_session(sid).seq
+            announced, quiet = True, 0
             while True:
-                fresh, last = self.reader.read_after(sid, header, last)
+                fresh: list[tuple[int, dict[str, Any]]] = []
+                # A quiet wake (no notification) costs one HEAD of the next segment; news,
+                # every tenth quiet wake (the next slot may have been compacted away while a
+                # notification was lost) and polling without Redis pay for a whole read.
+                quiet = 0 if announced else quiet + 1
+                if announced or quiet % 10 == 0 or self._next_segment_exists(sid, header, last):
+                    fresh, last = self.reader.read_after(sid, header, last)
                 if not fresh and not self._same_incarnation(sid, header):
                     current = self._header_or_none(sid)
                     if current is not None and current.incarnation != header.incarnation:
@@ -264,18 +271,26 @@ class SessionStore:
                     wait = min(wait, deadline - time.monotonic())
                     if wait <= 0:
                         return
+                announced = sub is None
                 if sub is None:
                     time.sleep(wait)
                     sub = self._subscribe(sid)
                     continue
                 try:
-                    sub.wait(wait)
+                    announced = sub.wait(wait) is not None
                 except BackendError:
                     sub.close()
                     sub = None
         finally:
             if sub is not None:
                 sub.close()
+
+    def _next_segment_exists(self, sid: str, header: Header, last: int) -> bool:
+        key = self.layout.segment(sid, header.incarnation, last + 1)
+        try:
+            return self.options.retry.call(lambda: self.objects.head(key)) is not None
+        except BackendError:
+            return True  # cannot tell cheaply: let the read decide
 
     def _header_or_none(self, sid: str) -> Header | None:
         """The current header; None while the session does not exist (deleted, perhaps to

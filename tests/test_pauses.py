@@ -706,3 +706,19 @@ def test_follower_follows_a_session_deleted_and_created_again(
     got = result.result(60)
     stream.close()
     assert [(s, e["id"]) for s, e in got] == [(1, "n1"), (2, "n2")]
+
+
+def test_an_idle_follower_pays_a_head_per_quiet_wake_not_a_read(
+    make_store: Callable[..., SessionStore]
+) -> None:
+    """Quiet wakes (no notification) probe the next segment with one HEAD; the LISTs of a
+    whole read come only with news, and every tenth quiet wake."""
+    w = make_store()
+    w.create_session("idle")
+    w.append_session_entries("idle", [entry("a", None)])
+    follower = make_store()
+    follower.objects.requests.clear()
+    assert list(follower.follow("idle", poll_s=0.02, timeout_s=2.0)) == []
+    heads, lists = follower.objects.requests["head"], follower.objects.requests["list"]
+    assert heads >= 5  # it woke and looked, several times
+    assert lists <= 4 + 2 * (heads // 9 + 1), (heads, lists)
