@@ -224,14 +224,25 @@ class Reader:
     ) -> tuple[int, int]:
         """Segments past the known tail: writers that died before telling Redis."""
         got = first.result()
-        while got is not None:
-            seg_entries, size = got
+        if got is None:
+            return seq, tail_bytes
+        for seq, (seg_entries, size) in self._segments_from(sid, inc, schema, seq + 1, got):
             entries.extend(seg_entries)
-            seqs.extend([seq + 1] * len(seg_entries))
+            seqs.extend([seq] * len(seg_entries))
             tail_bytes += size
-            seq += 1
-            got = self._get_segment(sid, inc, seq + 1, schema)
         return seq, tail_bytes
+
+    def _segments_from(
+        self, sid: str, inc: str, schema: int, seq: int, first: tuple[Entries, int] | None = None
+    ) -> Iterator[tuple[int, tuple[Entries, int]]]:
+        """Segments ``seq``, ``seq + 1``, ... one GET at a time, until the first 404 (the
+        caller decides whether to trust it: ``ManifestStore.newer_exists``). ``first``: the
+        segment ``seq`` already fetched."""
+        got = first if first is not None else self._get_segment(sid, inc, seq, schema)
+        while got is not None:
+            yield seq, got
+            seq += 1
+            got = self._get_segment(sid, inc, seq, schema)
 
     def _get_segment(
         self, sid: str, inc: str, seq: int, schema: int = CURRENT_SCHEMA
@@ -267,12 +278,10 @@ class Reader:
                     out.extend(fn(e) for e in entries)
                     last = str(entries[-1]["id"]) if entries else last
                     del entries
-                seq = manifest.through_seq if manifest else 0
-                while (got := self._get_segment(sid, inc, seq + 1, header.schema)) is not None:
-                    out.extend(fn(e) for e in got[0])
-                    last = str(got[0][-1]["id"]) if got[0] else last
-                    seq += 1
-                    del got
+                first = manifest.through_seq + 1 if manifest else 1
+                for _, (seg_entries, _size) in self._segments_from(sid, inc, header.schema, first):
+                    out.extend(fn(e) for e in seg_entries)
+                    last = str(seg_entries[-1]["id"]) if seg_entries else last
                 if self.ctx.manifests.newer_exists(sid, inc, manifest):
                     raise SegmentRetired()
                 return out, last
@@ -296,9 +305,8 @@ class Reader:
         if manifest is None or manifest.through_seq <= last:
             out: list[tuple[int, dict[str, Any]]] = []
             seq = last
-            while (got := self._get_segment(sid, inc, seq + 1, header.schema)) is not None:
-                out.extend((seq + 1, entry) for entry in got[0])
-                seq += 1
+            for seq, (seg_entries, _size) in self._segments_from(sid, inc, header.schema, last + 1):
+                out.extend((seq, entry) for entry in seg_entries)
             if not ctx.manifests.newer_exists(sid, inc, manifest):
                 return out, seq
         data = self.read(sid, header, use_hint=True)
