@@ -25,7 +25,7 @@ from coordination.redis import Coordinator, Subscription, TailState
 from store.append import Appender
 from store.clock import iso_now
 from store.context import StoreContext
-from store.entries import prepare_batch
+from store.entries import PreparedBatch, prepare_batch
 from store.errors import (
     BackendError,
     BackendUnavailableError,
@@ -204,8 +204,16 @@ class SessionStore:
             max_bytes=self.options.max_batch_bytes,
             max_entries=self.options.max_batch_entries,
         )
+        return self.append_prepared(sid, batch, expected_tail_entry_id)
+
+    def append_prepared(
+        self, session_id: str, batch: PreparedBatch, expected_tail_entry_id: str | None = None
+    ) -> AppendResult:
+        """Append a batch already validated by ``store.entries.prepare_batch`` (an import
+        prepares pi's entries as pi reads them, ``strict=False``): the same protocol as
+        ``append_session_entries``, without validating twice."""
         self._ensure_probed()
-        return self.appender.append(sid, batch, expected_tail_entry_id)
+        return self.appender.append(check_session_id(session_id), batch, expected_tail_entry_id)
 
     def load_session_entries(self, session_id: str) -> list[dict[str, Any]]:
         """Every entry of the session in commit order (a fork's inherited path first)."""

@@ -218,19 +218,13 @@ def _append_rest(store: "SessionStore", scan: "PiScan", sid: str, *, fresh: bool
         batch = replace(
             batch, external_parents=tuple(p for p in batch.external_parents if p[1] in file_ids)
         )
-        result = _append_batch(store, sid, batch, expected)
+        result = store.append_prepared(sid, batch, expected)
         expected = result.last_appended_entry_id
         sent += len(batch.ids)
         del batch
     return sent
 
 
-def _append_batch(store: "SessionStore", sid: str, batch: Any, expected: str | None) -> Any:
-    """Append a batch prepared here (``strict=False``: pi's entries as pi reads them) through
-    the store's append protocol (``store/append.py``), as ``append_session_entries`` does
-    after validating strictly."""
-    store._ensure_probed()  # a write: the backend's conditional creates are checked first
-    return store.appender.append(sid, batch, expected)
 
 
 def _same_or_refuse(
