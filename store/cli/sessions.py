@@ -23,17 +23,14 @@ from store.cli.common import (
 from store.cli.ctx import Ctx, now_ms
 from store.cli.operate import compactor_for, purged_line
 from store.cli.render import draw_tree
+from store.clock import iso_now
 from store.errors import SessionNotFoundError, SessionStoreError
 from store.layout import check_session_id
 
 if TYPE_CHECKING:
     from store.core import SessionStore
-
-
-def _iso_now() -> str:
-    from store.manager import iso_now
-
-    return iso_now()
+    from store.model.session import Session
+    from store.read import SessionData
 
 
 # --- create / append -----------------------------------------------------------------------------
@@ -139,7 +136,7 @@ def fill_entries(
         parent = tail or None
     taken = {e["id"] for e in entries if isinstance(e.get("id"), str)}
     filled: list[dict[str, Any]] = []
-    now = _iso_now()
+    now = iso_now()
     for entry in entries:
         if "id" not in entry:
             eid = new_entry_id(taken)
@@ -218,13 +215,19 @@ def cmd_ls(args: argparse.Namespace, ctx: Ctx) -> int:
     return Exit.OK
 
 
+def _read_with_model(store: SessionStore, sid: str) -> tuple[SessionData, Session]:
+    """The session as stored and with pi's semantics, from one read (entries the store
+    returns were validated when appended: not again)."""
+    from store.model.session import Session
+
+    data = store.read_session(sid)
+    return data, Session(data.header.pi_header, data.all_entries, validated=True)
+
+
 def cmd_info(args: argparse.Namespace, ctx: Ctx) -> int:
     store = ctx.store
     sid = check_session_id(args.session)
-    data = store.read_session(sid)
-    from store.model.session import Session
-
-    session = Session(data.header.pi_header, data.all_entries)
+    data, session = _read_with_model(store, sid)
     header = data.header
     info: dict[str, Any] = {
         "session": sid,
@@ -263,10 +266,7 @@ def cmd_info(args: argparse.Namespace, ctx: Ctx) -> int:
 def cmd_show(args: argparse.Namespace, ctx: Ctx) -> int:
     store = ctx.store
     sid = check_session_id(args.session)
-    data = store.read_session(sid)
-    from store.model.session import Session
-
-    session = Session(data.header.pi_header, data.all_entries)
+    data, session = _read_with_model(store, sid)
     if ctx.json:
         out(dump_json({
             "session": sid,
