@@ -30,7 +30,7 @@ from benchmarks.results import (
     write_files,
 )
 
-SCENARIOS = ("append", "writers", "resume", "compaction", "curve", "local")
+SCENARIOS = ("append", "writers", "resume", "compaction", "curve", "local", "aio")
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -112,6 +112,10 @@ def expected_figures(params: dict[str, Any], compaction: bool) -> list[str]:
         names += [f"curve.{n}.{k}" for k in ("store_append_ms", "naive_append_ms", "floor_ms", "naive_resume_ms")]
     names += ["local.append.p50_ms", "local.append_fsync.p50_ms"]
     names += [f"local.{n}.resume_ms" for n in params["resume_sizes"]]
+    names += [f"aio.{k}" for k in (
+        "store.appends_per_s", "threads.appends_per_s", "ratio", "loop_lag_worst_ms", "loop_lag_p99_ms",
+        "redis.native_us_per_call", "redis.offloaded_us_per_call",
+    )]
     return names
 
 
@@ -135,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(backend=backend, params=params, results=results, run_id=run_id)
     ctx.log(f"backend: {backend.description}")
 
-    from benchmarks.scenarios import append, compaction, curve, local, resume, writers
+    from benchmarks.scenarios import aio, append, compaction, curve, local, resume, writers
 
     compaction_api = compaction.find()
     steps: list[tuple[str, Callable[[], None]]] = []
@@ -161,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(("curve", lambda: curve.run(ctx)))
     if "local" in only:
         steps.append(("local", lambda: local.run(ctx)))
+    if "aio" in only:
+        steps.append(("aio", lambda: aio.run(ctx)))
 
     status = 0
     try:

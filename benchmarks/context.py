@@ -37,6 +37,11 @@ class Params:
     curve_appends_large: int = 4
     #: Local file reference.
     local_appends: int = 200
+    #: asyncio: tasks of one loop, sessions they share, appends per task, Redis round trips.
+    aio_tasks: int = 100
+    aio_sessions: int = 10
+    aio_appends: int = 5
+    aio_redis_calls: int = 2000
     seed: int = 1
 
     @classmethod
@@ -57,6 +62,10 @@ class Params:
             curve_appends=2,
             curve_appends_large=2,
             local_appends=10,
+            aio_tasks=10,
+            aio_sessions=2,
+            aio_appends=2,
+            aio_redis_calls=100,
         )
 
     @classmethod

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from store.errors import *  # noqa: F401,F403 - the error tree is part of the public API
 
 if TYPE_CHECKING:
+    from store.aio import AsyncSessionHandle, AsyncSessionManager, AsyncSessionStore
     from store.core import SessionData, SessionHandle, SessionStore
     from store.manager import SessionManager
     from store.records import (
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from store.model.session import Session
 
 _LAZY = {
+    "AsyncSessionStore": "store.aio",
+    "AsyncSessionHandle": "store.aio",
+    "AsyncSessionManager": "store.aio",
     "SessionStore": "store.core",
     "SessionHandle": "store.core",
     "SessionData": "store.core",

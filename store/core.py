@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
-from coordination.redis import Coordinator, Subscription, TailState
+from coordination.redis import Coordinator, TailState
 from store.append import Appender
 from store.clock import iso_now
 from store.context import StoreContext
@@ -35,6 +36,7 @@ from store.errors import (
     InvalidInputError,
     SessionNotFoundError,
 )
+from store.follow import Follower
 from store.handles import SessionHandle
 from store.headers import HeaderStore, new_header, uuid7
 from store.layout import Layout, check_session_id
@@ -121,7 +123,7 @@ class SessionStore:
     @classmethod
     def from_url(
         cls, objects_url: str, redis_url: str | None = None, **options: Any
-    ) -> "SessionStore":
+    ) -> SessionStore:
         """Build a store from one URL per backend.
 
         ``objects_url``: ``s3://bucket/prefix?endpoint=...&region=...``, ``file:///path`` or
@@ -148,7 +150,7 @@ class SessionStore:
             self.coord.close()
             self.objects.close()
 
-    def __enter__(self) -> "SessionStore":
+    def __enter__(self) -> SessionStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -163,7 +165,7 @@ class SessionStore:
         cwd: str | None = None,
         pi_header: dict[str, Any] | None = None,
         fork: ForkPoint | None = None,
-    ) -> "SessionHandle":
+    ) -> SessionHandle:
         """Create a session; its header is written exactly once (``SessionExistsError``)."""
         sid = check_session_id(session_id if session_id is not None else uuid7())
         header = new_header(sid, cwd=cwd, pi_header=pi_header, fork=fork)
@@ -253,76 +255,20 @@ class SessionStore:
         new life from its first segment (while it does not exist, the follower waits, like
         ``tail -F``). Runs until the caller stops iterating, or ``timeout_s`` has passed.
         """
-        sid = check_session_id(session_id)
+        follower = Follower(self, session_id, after_seq=after_seq)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        sub = self._subscribe(sid)
+        follower.open()
         try:
-            header = self.headers.read(sid)
-            last = after_seq if after_seq is not None else self.read_session(sid).seq
-            announced, quiet = True, 0
             while True:
-                fresh: list[tuple[int, dict[str, Any]]] = []
-                # A quiet wake (no notification) costs one HEAD of the next segment; news,
-                # every tenth quiet wake (the next slot may have been compacted away while a
-                # notification was lost) and polling without Redis pay for a whole read.
-                quiet = 0 if announced else quiet + 1
-                if announced or quiet % 10 == 0 or self._next_segment_exists(sid, header, last):
-                    fresh, last = self.reader.read_after(sid, header, last)
-                if not fresh and not self._same_incarnation(sid, header):
-                    current = self._header_or_none(sid)
-                    if current is not None and current.incarnation != header.incarnation:
-                        header, last = current, 0
-                        continue
-                yield from fresh
+                yield from follower.poll()
                 wait = poll_s
                 if deadline is not None:
                     wait = min(wait, deadline - time.monotonic())
                     if wait <= 0:
                         return
-                announced = sub is None
-                if sub is None:
-                    time.sleep(wait)
-                    sub = self._subscribe(sid)
-                    continue
-                try:
-                    announced = sub.wait(wait) is not None
-                except BackendError:
-                    sub.close()
-                    sub = None
+                follower.wait(wait)
         finally:
-            if sub is not None:
-                sub.close()
-
-    def _next_segment_exists(self, sid: str, header: Header, last: int) -> bool:
-        key = self.layout.segment(sid, header.incarnation, last + 1)
-        try:
-            return self.options.retry.call(lambda: self.objects.head(key)) is not None
-        except BackendError:
-            return True  # cannot tell cheaply: let the read decide
-
-    def _header_or_none(self, sid: str) -> Header | None:
-        """The current header; None while the session does not exist (deleted, perhaps to
-        be created again: a follower waits for it, like ``tail -F``)."""
-        try:
-            return self.headers.read(sid)
-        except SessionNotFoundError:
-            return None
-
-    def _same_incarnation(self, sid: str, header: Header) -> bool:
-        """Does Redis still name ``header``'s incarnation? (False when it cannot say.)"""
-        try:
-            state = self.coord.tail(sid)
-        except BackendError:
-            return False
-        return state is not None and state.inc == header.incarnation
-
-    def _subscribe(self, sid: str) -> Subscription | None:
-        # Subscribe before reading: anything committed after it is in that read or announced.
-        try:
-            return self.coord.subscribe(sid)
-        except BackendError as exc:
-            log.info("notifications for %s unavailable (%s): polling", sid, exc)
-            return None
+            follower.close()
 
     def hydrate(self, sid: str, header: Header | None = None) -> TailState | None:
         """Rebuild the session's Redis state from the object store (``store/tail.py``)."""
@@ -391,7 +337,7 @@ class SessionStore:
 
     # --- sessions with pi's semantics ----------------------------------------------------------
 
-    def load_session(self, session_id: str) -> "Session":
+    def load_session(self, session_id: str) -> Session:
         """An immutable snapshot with pi's tree, leaf, labels, name and context."""
         from store.model.session import Session
 
@@ -399,7 +345,7 @@ class SessionStore:
         # Validated on append (or by the strict decoder), acyclic by construction.
         return Session(data.header.pi_header, data.all_entries, validated=True)
 
-    def open_session(self, session_id: str, *, strict: bool = False) -> "SessionManager":
+    def open_session(self, session_id: str, *, strict: bool = False) -> SessionManager:
         """pi's ``SessionManager`` API over this store (see ``store.manager``)."""
         from store.manager import SessionManager
 
@@ -407,7 +353,7 @@ class SessionStore:
 
     def branch_from_entry(
         self, session_id: str, from_entry_id: str, new_session_id: str | None = None
-    ) -> "SessionHandle":
+    ) -> SessionHandle:
         """Fork: a new session whose history is the source's path root..``from_entry_id``.
 
         Nothing is copied: the fork's header points at the source (and its incarnation), and
@@ -477,7 +423,7 @@ class SessionStore:
 
     def import_pi_session(
         self, source: Any, session_id: str | None = None, *, on_conflict: str = "refuse"
-    ) -> "SessionHandle":
+    ) -> SessionHandle:
         """Import a pi session file (v1, v2 or v3; path, bytes, text or stream).
 
         Stored migrated to v3 exactly as pi migrates it. Importing the same file again changes
