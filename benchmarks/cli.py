@@ -31,6 +31,8 @@ from benchmarks.results import (
 )
 
 SCENARIOS = ("append", "writers", "resume", "compaction", "curve", "local", "aio")
+#: Run only when named with --only: the frameworks' own backends beside their adapters.
+OPTIONAL_SCENARIOS = ("peers",)
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -48,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     size.add_argument("--smoke", action="store_true", help="tiny sizes, for CI: checks that every figure is produced")
     size.add_argument("--full", action="store_true", help="bigger sizes: 100k-entry resume, more rounds")
     ap.add_argument("--writers", type=int, help="writer processes for throughput and contention (default 4, smoke 2)")
-    ap.add_argument("--only", metavar="NAMES", help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    ap.add_argument("--only", metavar="NAMES", help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all of them), or {','.join(OPTIONAL_SCENARIOS)}")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where results go (default benchmarks/results/)")
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
     ap.add_argument("--profile", action="store_true", help="also cProfile appends and resumes (results/profile-*.txt)")
@@ -125,9 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.writers:
         params.writers = args.writers
     only = set(SCENARIOS if not args.only else [s.strip() for s in args.only.split(",") if s.strip()])
-    unknown = only - set(SCENARIOS)
+    unknown = only - set(SCENARIOS) - set(OPTIONAL_SCENARIOS)
     if unknown:
-        print(f"unknown scenario(s): {', '.join(sorted(unknown))}; choose from {', '.join(SCENARIOS)}", file=sys.stderr)
+        print(f"unknown scenario(s): {', '.join(sorted(unknown))}; choose from "
+              f"{', '.join(SCENARIOS + OPTIONAL_SCENARIOS)}", file=sys.stderr)
         return 2
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
     started = now_iso()
@@ -167,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(("local", lambda: local.run(ctx)))
     if "aio" in only:
         steps.append(("aio", lambda: aio.run(ctx)))
+    if "peers" in only:
+        from benchmarks.scenarios import peers
+
+        steps.append(("peers", lambda: peers.run(ctx)))
 
     status = 0
     try:
