@@ -42,16 +42,19 @@ def run(ctx: Context) -> None:
     for row in rows:
         by_key.setdefault((row["framework"], row["metric"]), {})[row["backend"]] = row
     for (framework, metric), sides in sorted(by_key.items()):
-        ours = next((r for k, r in sides.items() if k.startswith("sessionstore")), None)
-        theirs = [r for k, r in sides.items() if not k.startswith("sessionstore")]
-        for other in theirs or [None]:
-            R.row(
-                "peers",
-                f"{framework} {metric}" + (f" vs {other['backend']}" if other else ""),
-                _fmt(ours),
-                _fmt(other),
-                _ratio(ours, other),
-            )
+        ours = [r for k, r in sorted(sides.items()) if k.startswith("sessionstore")]
+        theirs = [r for k, r in sorted(sides.items()) if not k.startswith("sessionstore")]
+        for mine in ours or [None]:
+            for other in theirs or [None]:
+                variant = mine["backend"].removeprefix("sessionstore") if mine else ""
+                R.row(
+                    "peers",
+                    f"{framework} {metric}{variant.replace('+', ' ')}"
+                    + (f" vs {other['backend']}" if other else ""),
+                    _fmt(mine),
+                    _fmt(other),
+                    _ratio(mine, other),
+                )
 
 
 def _fmt(row: dict[str, Any] | None) -> str:

@@ -1,0 +1,839 @@
+"""The Claude Agent SDK's ``SessionStore`` on the store: ``ClaudeSessionStore``.
+
+A transcript mirror that many processes on many machines share::
+
+    from claude_agent_sdk import ClaudeAgentOptions, query
+    from store.adapters.claude_agent_sdk import ClaudeSessionStore
+
+    store = await ClaudeSessionStore.open("s3://bucket/claude?endpoint=...", "redis://redis:6379/0")
+    async for message in query(prompt="hi", options=ClaudeAgentOptions(session_store=store)):
+        ...
+    await store.close()
+
+or ``ClaudeSessionStore(async_store)`` over an :class:`~store.aio.AsyncSessionStore` you have.
+Every method of the SDK's protocol is implemented: ``append`` and ``load``, and the optional
+``list_sessions``, ``list_session_summaries``, ``delete`` and ``list_subkeys``; all are
+awaitable and never block the event loop (the store's protocols run on threads).
+
+**Keys.** Each SDK key ``{project_key, session_id, subpath?}`` is one session of the store,
+named ``cc.<P>.<S>`` (a main transcript) or ``cc.<P>.<S>.<U>`` (a subpath: a subagent's
+transcript, its own stream), where ``P`` hashes the project key (and the store's
+``namespace``), ``S`` is the session id itself when it is a plain token of at most 64
+characters (a UUID is) and a hash otherwise, and ``U`` hashes the subpath. The header of each
+such session names its key in full (``pi_header["claudeAgentSdk"]``).
+
+**Entries.** Each SDK entry is one pi ``custom`` entry whose ``data`` is the entry, verbatim::
+
+    {"type": "custom", "customType": "claude-agent-sdk.entry", "id": <see below>,
+     "parentId": <previous entry of the batch>, "timestamp": <the entry's own>,
+     "batch": <hash of the batch>, "data": <the SDK entry>}
+
+One ``append`` call is one atomic batch (split only past the store's batch limits, in order).
+The id is ``u.<uuid>`` for an entry with a ``uuid``: the store keeps ids unique, so an entry is
+stored once however often it is sent, and a batch that mixes stored and new uuids stores only
+the new ones (the duplicates' first stored copy wins). An entry without a ``uuid`` in a batch
+that has one gets an id derived from its content and its place next to the batch's uuids (the
+nearest uuid before it and the distance), so re-sending the batch (after a lost response, a
+timeout, ``IndeterminateError``) duplicates nothing, nor does importing the same file again in
+batches cut elsewhere, unless a cut falls between such an entry and its anchor. In a batch
+without any ``uuid`` they get fresh ids and are appended as sent, as the SDK asks. ``load``
+returns the ``data`` of these entries in the store's commit order (one order every reader
+agrees on; each writer's calls in its own order).
+
+**The project index.** Per project, one more session, ``cc.<P>``, holds small records (pi
+``custom`` entries of type ``claude-agent-sdk.index``): ``reg`` when a key's stream is created,
+``del`` when it is deleted (naming the incarnations it ended), and ``sum``: the SDK's
+``fold_session_summary`` output for a main transcript, with ``through`` (the transcript's
+last segment it folded) and ``mtime``. After each append to a main transcript the writer folds
+what the summary lacks (its own batch, or the segments after ``through``, read incrementally)
+and appends the new ``sum`` with ``expected_tail_entry_id`` = the index's tail it read: a
+compare-and-set (a ``sum`` whose fold changed nothing carries no ``data``, only ``through`` and
+``mtime``). On ``ConflictError`` it reads the index's new records and folds again, so
+concurrent appends never lose an update and the summary is always the fold of the transcript
+in commit order. ``list_sessions``, ``list_session_summaries`` and ``list_subkeys`` read only
+the project's index (incrementally after the first time): never the whole store. ``mtime``
+(both lists, one clock) is the epoch-ms time the writer stamped on the ``sum`` record just
+before committing it, kept increasing per session.
+
+**Costs.** A steady append to a main transcript is two PUTs (its segment and the index's
+``sum``) and their Redis scripts; a subpath's is one. A cold ``load`` (a process that has read
+nothing yet) of an uncompacted transcript costs one GET per append plus the header and a
+probe (400 flushes: 404 requests); once the compactor has merged it (it is queued by the
+writers past 64 segments, ``python -m compactor`` runs the queue), four GETs (header,
+manifest, one base, the probe after it) and two LISTs of the manifests, at 400 as at 4,000
+flushes (``tests/test_adapter_claude_agent_sdk.py``, ``benchmarks/peers/claude_agent_sdk.py``).
+The index is compacted the same way; it holds one small record per append to a main
+transcript, so its bytes (not its requests) grow with the project's history.
+
+A writer that dies between its transcript append and its ``sum`` leaves the summary behind
+until the next append to that session (``through`` makes it catch up); ``list_sessions`` then
+shows the older mtime. A ``delete`` racing with appends to the same key may leave the racing
+stream unlisted (the SDK deletes only when asked to).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import re
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+
+from claude_agent_sdk import fold_session_summary
+from claude_agent_sdk.types import (
+    SessionKey,
+    SessionListSubkeysKey,
+    SessionStoreEntry,
+    SessionStoreListEntry,
+    SessionSummaryEntry,
+)
+from claude_agent_sdk.types import SessionStore as SdkSessionStore
+
+from store.clock import iso_now, now_ms
+from store.errors import (
+    ConflictError,
+    IdCollisionError,
+    IndeterminateError,
+    InvalidInputError,
+    SessionExistsError,
+    SessionNotFoundError,
+    UnknownParentError,
+)
+from store.layout import check_session_id
+from store.records import EMPTY_TAIL, AppendResult, Header
+
+if TYPE_CHECKING:
+    from store.aio import AsyncSessionStore
+
+__all__ = [
+    "ENTRY_TYPE",
+    "INDEX_TYPE",
+    "ClaudeSessionStore",
+    "export_claude_projects",
+    "import_claude_projects",
+]
+
+log = logging.getLogger("sessionstore.claude")
+
+#: ``customType`` of the entry holding one SDK transcript entry (``data``).
+ENTRY_TYPE = "claude-agent-sdk.entry"
+#: ``customType`` of the records of a project's index session.
+INDEX_TYPE = "claude-agent-sdk.index"
+#: Key in a session header's ``pi_header`` naming the SDK key it holds.
+HEADER_KEY = "claudeAgentSdk"
+
+_SAFE_SID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+_EPOCH_ISO = "1970-01-01T00:00:00.000Z"
+_MAX_UUID_ID = 200
+
+_T = TypeVar("_T")
+
+
+def _h(text: str, size: int = 10) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=size).hexdigest()
+
+
+def _anchor(uuids: list[str | None], i: int) -> str:
+    """Where a uuid-less entry sits: the nearest uuid before it in its batch and how far back
+    (else the nearest after it). The same batch gives the same anchors, and so does the same
+    file cut into other batches as long as the cut does not fall between the two."""
+    for j in range(i - 1, -1, -1):
+        if uuids[j] is not None:
+            return f"{uuids[j]}+{i - j}"
+    for j in range(i + 1, len(uuids)):
+        if uuids[j] is not None:
+            return f"{uuids[j]}-{j - i}"
+    raise AssertionError("a batch with a uuid")
+
+
+def _canonical(value: Any) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"a transcript entry is not JSON: {exc}") from None
+
+
+# --- the project index ------------------------------------------------------------------------
+
+
+@dataclass
+class _Main:
+    """What the index says of one main transcript."""
+
+    mtime: int = 0
+    #: {"inc", "through", "mtime", "data"} of the newest ``sum`` record, or None.
+    summary: dict[str, Any] | None = None
+
+
+@dataclass
+class _ProjectState:
+    mains: dict[str, _Main] = field(default_factory=dict)
+    #: session id -> subpath -> registration time
+    subs: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: incarnations a ``del`` record ended: their ``sum`` records are void.
+    dead: set[str] = field(default_factory=set)
+
+    def apply(self, entry: dict[str, Any]) -> None:
+        if entry.get("type") != "custom" or entry.get("customType") != INDEX_TYPE:
+            return
+        rec = entry.get("data")
+        if not isinstance(rec, dict):
+            return
+        op, sid, sub = rec.get("op"), rec.get("session_id"), rec.get("subpath")
+        if not isinstance(sid, str):
+            return
+        if op == "reg":
+            if sub is None:
+                main = self.mains.setdefault(sid, _Main())
+                if not main.mtime:
+                    main.mtime = int(rec.get("mtime") or 0)
+            else:
+                self.subs.setdefault(sid, {}).setdefault(str(sub), int(rec.get("mtime") or 0))
+        elif op == "sum":
+            inc = rec.get("inc")
+            if inc in self.dead:
+                return  # folded from a transcript that a delete has ended since
+            main = self.mains.setdefault(sid, _Main())
+            cur = main.summary
+            through = int(rec.get("through") or 0)
+            if cur is None or cur["inc"] != inc or through >= cur["through"]:
+                # A record whose fold changed nothing carries no ``data``: the previous stands.
+                data = rec["data"] if "data" in rec else (cur["data"] if cur and cur["inc"] == inc else {})
+                main.summary = {"inc": inc, "through": through, "mtime": int(rec["mtime"]), "data": data}
+            main.mtime = max(main.mtime, int(rec["mtime"]))
+        elif op == "del":
+            self.dead.update(str(i) for i in rec.get("incs") or ())
+            if sub is None:
+                self.mains.pop(sid, None)
+                self.subs.pop(sid, None)
+            else:
+                subs = self.subs.get(sid)
+                if subs is not None:
+                    subs.pop(str(sub), None)
+                    if not subs:
+                        del self.subs[sid]
+
+
+@dataclass
+class _View:
+    """This process's copy of a project index: read once, then only what was added."""
+
+    header: Header | None
+    seq: int
+    tail: str
+    state: _ProjectState
+
+
+# --- the adapter ------------------------------------------------------------------------------
+
+
+class ClaudeSessionStore(SdkSessionStore):
+    """The Claude Agent SDK's ``SessionStore`` over a :class:`~store.aio.AsyncSessionStore`.
+
+    ``namespace`` separates independent sets of projects in one store (it is hashed into the
+    session names). ``resend_attempts``: re-sends of one batch after ``IndeterminateError``
+    before it is raised (the SDK then retries the call, which is just as safe).
+    ``summary_rounds``: compare-and-set rounds of a summary update lost to other writers
+    before it is left to the next append (a warning is logged).
+    """
+
+    def __init__(
+        self,
+        store: AsyncSessionStore,
+        *,
+        namespace: str = "",
+        owns_store: bool = False,
+        resend_attempts: int = 5,
+        summary_rounds: int = 100,
+    ) -> None:
+        from store.aio import AsyncSessionStore
+
+        if not isinstance(store, AsyncSessionStore):
+            raise InvalidInputError("ClaudeSessionStore wraps a store.aio.AsyncSessionStore")
+        if not isinstance(namespace, str):
+            raise InvalidInputError("namespace must be a string")
+        self.store = store
+        self.namespace = namespace
+        self._owns = owns_store
+        self._resend_attempts = max(1, resend_attempts)
+        self._summary_rounds = max(1, summary_rounds)
+        self._views: dict[str, _View] = {}
+        self._views_lock = threading.Lock()
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]]
+        self._locks = weakref.WeakKeyDictionary()
+        # For the few calls of the sync store that the async API has no method for
+        # (incremental reads, the cached header): off the loop like everything else.
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sessionstore-claude")
+        self._closed = False
+
+    # --- construction --------------------------------------------------------------------------
+
+    @classmethod
+    def from_url(
+        cls, objects_url: str, redis_url: str | None = None, *, namespace: str = "", **options: Any
+    ) -> ClaudeSessionStore:
+        """Build the store from URLs (``SessionStore.from_url``'s arguments and options, e.g.
+        ``redis_prefix``). Synchronous: it connects and probes, so call it before the event
+        loop runs or use :meth:`open` from async code."""
+        from store.aio import AsyncSessionStore
+        from store.core import SessionStore
+
+        sync = SessionStore.from_url(objects_url, redis_url, **options)
+        return cls(AsyncSessionStore(sync), namespace=namespace, owns_store=True)
+
+    @classmethod
+    async def open(
+        cls, objects_url: str, redis_url: str | None = None, *, namespace: str = "", **options: Any
+    ) -> ClaudeSessionStore:
+        """:meth:`from_url` off the event loop."""
+        from store.aio import AsyncSessionStore
+
+        store = await AsyncSessionStore.open(objects_url, redis_url, **options)
+        return cls(store, namespace=namespace, owns_store=True)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._pool.shutdown, wait=True)
+        if self._owns:
+            await self.store.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- names ---------------------------------------------------------------------------------
+
+    def _project_hash(self, project_key: str) -> str:
+        if not isinstance(project_key, str) or not project_key:
+            raise InvalidInputError("project_key must be a non-empty string")
+        return _h(f"{self.namespace}\x00{project_key}" if self.namespace else project_key)
+
+    def index_id(self, project_key: str) -> str:
+        """The store session holding the project's index."""
+        return f"cc.{self._project_hash(project_key)}"
+
+    def session_id_for(self, key: SessionKey | SessionListSubkeysKey) -> str:
+        """The store session holding ``key``'s stream."""
+        sid = key["session_id"]
+        if not isinstance(sid, str) or not sid:
+            raise InvalidInputError("session_id must be a non-empty string")
+        s = sid if _SAFE_SID.fullmatch(sid) else "_" + _h(sid, 12)
+        name = f"cc.{self._project_hash(key['project_key'])}.{s}"
+        subpath = key.get("subpath")
+        if subpath is not None:
+            if not isinstance(subpath, str) or not subpath:
+                raise InvalidInputError("subpath must be a non-empty string (omit it for the main transcript)")
+            name += "." + _h(subpath)
+        return check_session_id(name)
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    async def _io(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        if self._closed:
+            raise InvalidInputError("the store is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        locks = self._locks.get(loop)
+        if locks is None:
+            locks = self._locks[loop] = {}
+        lock = locks.get(name)
+        if lock is None:
+            lock = locks[name] = asyncio.Lock()
+        return lock
+
+    async def _send(
+        self, sid: str, entries: list[dict[str, Any]], expected: str | None = None
+    ) -> AppendResult:
+        """Append one batch; re-send the very same batch after ``IndeterminateError``."""
+        for attempt in range(self._resend_attempts):
+            try:
+                return await self.store.append_session_entries(sid, entries, expected)
+            except IndeterminateError:
+                if attempt == self._resend_attempts - 1:
+                    raise
+                await asyncio.sleep(min(0.05 * 2**attempt, 1.0) * random.uniform(0.5, 1.0))
+        raise AssertionError("unreachable")
+
+    def _pi_header(self, sid: str, what: dict[str, Any]) -> dict[str, Any]:
+        meta = {**what, "namespace": self.namespace} if self.namespace else what
+        return {"type": "session", "version": 3, "id": sid, "timestamp": iso_now(), "cwd": "",
+                HEADER_KEY: meta}
+
+    async def _ensure_session(self, sid: str, pi_header: dict[str, Any]) -> None:
+        try:
+            await self.store.create_session(sid, pi_header=pi_header)
+        except SessionExistsError:
+            pass
+        except IndeterminateError:
+            pass  # the caller's append finds out (and creates again if it did not land)
+
+    # --- entries -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _wrap_batch(entries: Sequence[SessionStoreEntry]) -> list[list[dict[str, Any]]]:
+        """The batch as store entries, in chunks within the store's limits (usually one)."""
+        if isinstance(entries, (str, bytes, dict)) or not isinstance(entries, Sequence):
+            raise InvalidInputError("entries must be a list of JSON objects")
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise InvalidInputError(f"entry {i} is not a JSON object (a dict)")
+        has_uuid = any(isinstance(e.get("uuid"), str) and e.get("uuid") for e in entries)
+        texts = [_canonical(e) for e in entries]
+        batch = _h("\n".join(texts), 12) if has_uuid else ""
+        uuids = [u if isinstance(u := e.get("uuid"), str) and u else None for e in entries]
+        out: list[dict[str, Any]] = []
+        sizes: list[int] = []
+        seen: set[str] = set()
+        prev: str | None = None
+        for i, e in enumerate(entries):
+            u = uuids[i]
+            if u is not None:
+                eid = f"u.{u}" if len(u) <= _MAX_UUID_ID else f"uh.{_h(u, 16)}"
+            elif has_uuid:
+                eid = "n." + _h(f"{_anchor(uuids, i)}\x00{texts[i]}", 16)
+            else:
+                eid = f"r.{uuid.uuid4().hex}"
+            if eid in seen:
+                continue  # one uuid twice in a batch: its first copy is the one kept
+            seen.add(eid)
+            ts = e.get("timestamp")
+            wrapped = {
+                "type": "custom",
+                "customType": ENTRY_TYPE,
+                "id": eid,
+                "parentId": prev,
+                "timestamp": ts if isinstance(ts, str) else _EPOCH_ISO,
+                "data": e,
+            }
+            if batch:
+                wrapped["batch"] = batch
+            out.append(wrapped)
+            sizes.append(len(texts[i].encode("utf-8", "surrogatepass")) + 256)
+            prev = eid
+        # The store takes up to 10,000 entries and 16 MiB a batch; the SDK sends at most 500
+        # entries and about 1 MiB. Bigger batches are cut, in order.
+        chunks: list[list[dict[str, Any]]] = []
+        cur: list[dict[str, Any]] = []
+        size = 0
+        for wrapped, n in zip(out, sizes):
+            if cur and (len(cur) >= 5000 or size + n > 8 * 1024 * 1024):
+                chunks.append(cur)
+                cur, size = [], 0
+            cur.append(wrapped)
+            size += n
+        if cur:
+            chunks.append(cur)
+        if batch and len(chunks) > 1:
+            for k, chunk in enumerate(chunks):
+                for wrapped in chunk:
+                    wrapped["batch"] = f"{batch}.{k}"
+        return chunks
+
+    @staticmethod
+    def _unwrap(entries: Sequence[dict[str, Any]]) -> list[SessionStoreEntry]:
+        return [
+            e["data"]
+            for e in entries
+            if e.get("type") == "custom" and e.get("customType") == ENTRY_TYPE and "data" in e
+        ]
+
+    async def _append_chunk(
+        self, key: SessionKey, sid: str, chunk: list[dict[str, Any]]
+    ) -> tuple[AppendResult | None, list[dict[str, Any]] | None]:
+        """Append the chunk's entries that the session does not hold yet.
+
+        Returns the result (None when nothing was left to append) and the entries committed
+        as exactly that segment when that is known (None when the result may stand for a
+        segment appended earlier by someone else)."""
+        pending = chunk
+        filtered = False
+        for _ in range(20):
+            if not pending:
+                return None, None
+            try:
+                res = await self._send(sid, pending)
+                # A re-sent batch returns the original result: the same entries (their
+                # content names this batch), as one segment.
+                return res, (None if filtered else pending)
+            except SessionNotFoundError:
+                await self._register(key)
+                await self._ensure_session(sid, self._pi_header(sid, self._describe(key)))
+            except (IdCollisionError, UnknownParentError):
+                # Part of the batch is stored already (a re-send after a lost response, an
+                # import over a mirrored session, a uuid sent twice): keep only the rest.
+                try:
+                    data = await self.store.read_session(sid)
+                except SessionNotFoundError:
+                    continue
+                stored = {e["id"] for e in data.entries}
+                pending = [e for e in chunk if e["id"] not in stored]
+                filtered = True
+        raise IndeterminateError(f"session {sid!r}: the batch kept colliding with other writers")
+
+    @staticmethod
+    def _describe(key: SessionKey) -> dict[str, Any]:
+        what: dict[str, Any] = {"kind": "transcript", "project_key": key["project_key"],
+                                "session_id": key["session_id"]}
+        if key.get("subpath") is not None:
+            what["subpath"] = key["subpath"]
+        return what
+
+    # --- the SDK's protocol --------------------------------------------------------------------
+
+    async def append(self, key: SessionKey, entries: list[SessionStoreEntry]) -> None:
+        """Mirror a batch: one atomic append (see the module's docstring for dedup)."""
+        if not entries:
+            return
+        sid = self.session_id_for(key)
+        chunks = self._wrap_batch(entries)
+        last: AppendResult | None = None
+        known: list[dict[str, Any]] | None = None
+        for chunk in chunks:
+            res, committed = await self._append_chunk(key, sid, chunk)
+            if res is not None:
+                last, known = res, committed
+        if key.get("subpath") is not None:
+            return
+        if last is None:
+            # Everything was stored already: the summary may still lack it (its writer died
+            # before folding); fold whatever the tail holds.
+            try:
+                target = (await self.store.get_tail(sid)).seq
+            except SessionNotFoundError:
+                return
+            known = None
+        else:
+            target = last.seq
+            if len(chunks) > 1:
+                known = None
+        await self._summarize(key, sid, target, known)
+
+    async def load(self, key: SessionKey) -> list[SessionStoreEntry] | None:
+        sid = self.session_id_for(key)
+        try:
+            entries = await self.store.load_session_entries(sid)
+        except SessionNotFoundError:
+            return None
+        return self._unwrap(entries)
+
+    async def list_sessions(self, project_key: str) -> list[SessionStoreListEntry]:
+        view = await self._view(project_key)
+        with self._views_lock:
+            return [{"session_id": sid, "mtime": m.mtime} for sid, m in view.state.mains.items()]
+
+    async def list_session_summaries(self, project_key: str) -> list[SessionSummaryEntry]:
+        view = await self._view(project_key)
+        out: list[SessionSummaryEntry] = []
+        with self._views_lock:
+            for sid, m in view.state.mains.items():
+                if m.summary is not None:
+                    out.append({"session_id": sid, "mtime": m.summary["mtime"],
+                                "data": json.loads(json.dumps(m.summary["data"]))})
+        return out
+
+    async def list_subkeys(self, key: SessionListSubkeysKey) -> list[str]:
+        view = await self._view(key["project_key"])
+        with self._views_lock:
+            return list(view.state.subs.get(key["session_id"], {}))
+
+    async def delete(self, key: SessionKey) -> None:
+        """Delete a stream; a main key takes its subpaths with it."""
+        project_key, session_id = key["project_key"], key["session_id"]
+        subpath = key.get("subpath")
+        view = await self._view(project_key)
+        subs = list(view.state.subs.get(session_id, {}))
+        if subpath is None:
+            targets = [self.session_id_for({"project_key": project_key, "session_id": session_id})]
+            targets += [self.session_id_for({"project_key": project_key, "session_id": session_id,
+                                             "subpath": u}) for u in subs]
+            listed = session_id in view.state.mains or bool(subs)
+        else:
+            targets = [self.session_id_for(key)]
+            listed = subpath in subs
+        incs: list[str] = []
+        for sid in targets:
+            try:
+                header = await self.store.get_header(sid)
+                await self.store.delete_session(sid)
+            except SessionNotFoundError:
+                continue
+            incs.append(header.incarnation)
+        if incs or listed:
+            rec: dict[str, Any] = {"op": "del", "session_id": session_id, "incs": incs,
+                                   "mtime": now_ms()}
+            if subpath is not None:
+                rec["subpath"] = subpath
+            await self._index_append(project_key, [rec])
+
+    # --- the index -----------------------------------------------------------------------------
+
+    async def _register(self, key: SessionKey) -> None:
+        rec: dict[str, Any] = {"op": "reg", "session_id": key["session_id"], "mtime": now_ms()}
+        if key.get("subpath") is not None:
+            rec["subpath"] = key["subpath"]
+        await self._index_append(key["project_key"], [rec])
+
+    def _index_entries(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {"type": "custom", "customType": INDEX_TYPE, "id": uuid.uuid4().hex,
+             "parentId": None, "timestamp": iso_now(), "data": rec}
+            for rec in records
+        ]
+
+    async def _index_append(
+        self, project_key: str, records: list[dict[str, Any]], *, view: _View | None = None
+    ) -> AppendResult:
+        """Append records to the index; with ``view``, only right after the tail it read
+        (``ConflictError`` otherwise), and the view then holds them."""
+        isid = self.index_id(project_key)
+        entries = self._index_entries(records)
+        expected = None if view is None else (view.tail or EMPTY_TAIL)
+        for _ in range(5):
+            try:
+                res = await self._send(isid, entries, expected)
+                break
+            except SessionNotFoundError:
+                meta = {"kind": "index", "project_key": project_key}
+                await self._ensure_session(isid, self._pi_header(isid, meta))
+        else:
+            raise SessionNotFoundError(isid)
+        if view is not None:
+            with self._views_lock:
+                if self._views.get(isid) is view and res.seq == view.seq + 1:
+                    for e in entries:
+                        view.state.apply(e)
+                    view.seq, view.tail = res.seq, entries[-1]["id"]
+        return res
+
+    async def _view(self, project_key: str, *, refresh: bool = True, full: bool = False) -> _View:
+        """The project's index as this process knows it; ``refresh`` reads what was added
+        since (a few requests), ``full`` reads it all again."""
+        isid = self.index_id(project_key)
+        with self._views_lock:
+            view = None if full else self._views.get(isid)
+        if view is not None and view.header is not None:
+            if not refresh:
+                return view
+            base = view.seq
+            try:
+                fresh, last = await self._io(
+                    self.store.sync.reader.read_after, isid, view.header, base
+                )
+            except SessionNotFoundError:
+                fresh, last = None, base
+            if fresh is not None:
+                with self._views_lock:
+                    if self._views.get(isid) is view and view.seq == base:
+                        for _, e in fresh:
+                            view.state.apply(e)
+                        if fresh:
+                            view.tail = str(fresh[-1][1]["id"])
+                        view.seq = max(view.seq, last)
+                        return view
+            # Another task moved the view meanwhile, or the index is gone: read it whole.
+        try:
+            data = await self.store.read_session(isid)
+        except SessionNotFoundError:
+            new = _View(None, 0, EMPTY_TAIL, _ProjectState())
+        else:
+            state = _ProjectState()
+            for e in data.entries:
+                state.apply(e)
+            new = _View(data.header, data.seq, data.last_entry_id, state)
+        with self._views_lock:
+            self._views[isid] = new
+        return new
+
+    async def _summarize(
+        self, key: SessionKey, sid: str, target: int, known: list[dict[str, Any]] | None
+    ) -> None:
+        """Make the project's summary of this transcript cover segment ``target`` (see the
+        module's docstring)."""
+        project_key, session_id = key["project_key"], key["session_id"]
+        main_key: SessionKey = {"project_key": project_key, "session_id": session_id}
+        isid = self.index_id(project_key)
+        async with self._lock(isid):
+            refresh = False
+            fresh_header = False
+            for round_ in range(self._summary_rounds):
+                view = await self._view(project_key, refresh=refresh, full=round_ > 0 and round_ % 10 == 0)
+                refresh = True
+                try:
+                    if fresh_header:
+                        header = await self.store.get_header(sid)
+                    else:
+                        header = await self._io(self.store.sync.headers.get, sid)
+                except SessionNotFoundError:
+                    return  # deleted meanwhile: nothing to summarise
+                inc = header.incarnation
+                if inc in view.state.dead:
+                    if fresh_header:
+                        return  # the transcript was deleted after this append
+                    fresh_header = True  # or the cached header is of an ended incarnation
+                    continue
+                main = view.state.mains.get(session_id)
+                cur = main.summary if main is not None else None
+                if cur is not None and cur["inc"] != inc:
+                    cur = None
+                through = cur["through"] if cur is not None else 0
+                if through >= target:
+                    return
+                if known is not None and through == target - 1:
+                    batch = self._unwrap(known)
+                    last = target
+                else:
+                    try:
+                        fresh, last = await self._io(
+                            self.store.sync.reader.read_after, sid, header, through
+                        )
+                    except SessionNotFoundError:
+                        return
+                    if last < target:
+                        fresh_header = True  # a cached header of an earlier incarnation
+                        continue
+                    batch = self._unwrap([e for _, e in fresh])
+                prev: SessionSummaryEntry | None = None
+                if cur is not None:
+                    prev = {"session_id": session_id, "mtime": cur["mtime"], "data": cur["data"]}
+                folded = fold_session_summary(prev, main_key, batch)
+                mtime = max(now_ms(), (main.mtime if main is not None else 0) + 1)
+                rec = {"op": "sum", "session_id": session_id, "inc": inc, "through": last,
+                       "mtime": mtime}
+                if cur is None or folded["data"] != cur["data"]:
+                    rec["data"] = folded["data"]
+                try:
+                    await self._index_append(project_key, [rec], view=view)
+                    return
+                except ConflictError:
+                    await asyncio.sleep(random.uniform(0, 0.002 * min(round_ + 1, 10)))
+                    continue
+            log.warning("summary of %s/%s left behind after %d rounds lost to other writers; "
+                        "the next append brings it up to date", project_key, session_id,
+                        self._summary_rounds)
+
+
+# --- Claude Code's on-disk layout -------------------------------------------------------------
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                value = json.loads(line)
+                if isinstance(value, dict):
+                    out.append(value)
+    return out
+
+
+def _write_jsonl(path: Path, entries: list[Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for e in entries:
+            f.write(json.dumps(e, separators=(",", ":"), ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+async def import_claude_projects(
+    store: ClaudeSessionStore, directory: str | Path, *, batch_size: int = 500
+) -> list[SessionKey]:
+    """Import a Claude Code projects directory (``~/.claude/projects``):
+    ``<dir>/<project>/<session>.jsonl`` and the subagent transcripts beside them,
+    ``<dir>/<project>/<session>/subagents/**/agent-*.jsonl`` (with their ``.meta.json``
+    sidecars, as the SDK's ``import_session_to_store`` does). Idempotent: entries are keyed by
+    their uuid and the batches are cut the same way each time, so importing the same tree
+    again (or a longer version of it) stores nothing twice. Returns the keys imported."""
+    root = Path(directory)
+    keys: list[SessionKey] = []
+    for project_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        project_key = project_dir.name
+        for main in sorted(project_dir.glob("*.jsonl")):
+            session_id = main.name[: -len(".jsonl")]
+            key: SessionKey = {"project_key": project_key, "session_id": session_id}
+            await _import_file(store, key, main, batch_size)
+            keys.append(key)
+            session_dir = project_dir / session_id
+            for sub in sorted((session_dir / "subagents").rglob("*.jsonl")) if session_dir.is_dir() else ():
+                rel = list(sub.relative_to(session_dir).parts)
+                rel[-1] = rel[-1][: -len(".jsonl")]
+                sub_key: SessionKey = {**key, "subpath": "/".join(rel)}
+                await _import_file(store, sub_key, sub, batch_size)
+                meta_path = sub.with_name(sub.name[: -len(".jsonl")] + ".meta.json")
+                if meta_path.is_file():
+                    try:
+                        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                    except ValueError:
+                        meta = None
+                    if isinstance(meta, dict):
+                        # Keyed by the sidecar's content (a uuid of our own), so that a
+                        # second import finds it stored.
+                        marker = "meta-" + _h(_canonical(meta), 16)
+                        meta_entry = cast(SessionStoreEntry, {**meta, "type": "agent_metadata", "uuid": marker})
+                        await store.append(sub_key, [meta_entry])
+                keys.append(sub_key)
+    return keys
+
+
+async def _import_file(store: ClaudeSessionStore, key: SessionKey, path: Path, batch_size: int) -> None:
+    entries = _read_jsonl(path)
+    for i in range(0, len(entries), batch_size):
+        await store.append(key, cast("list[SessionStoreEntry]", entries[i : i + batch_size]))
+
+
+async def export_claude_projects(
+    store: ClaudeSessionStore, directory: str | Path, project_keys: Sequence[str]
+) -> list[Path]:
+    """Write the given projects back in Claude Code's layout under ``directory``: each main
+    transcript as ``<project>/<session>.jsonl``, each subpath as ``<project>/<session>/<subpath>.jsonl``
+    (an ``agent_metadata`` entry goes back to its ``.meta.json`` sidecar). Returns the files."""
+    root = Path(directory)
+    written: list[Path] = []
+    for project_key in project_keys:
+        if "/" in project_key or project_key in (".", ".."):
+            raise InvalidInputError(f"project key {project_key!r} is not a directory name")
+        for listed in await store.list_sessions(project_key):
+            session_id = listed["session_id"]
+            key: SessionKey = {"project_key": project_key, "session_id": session_id}
+            entries = await store.load(key)
+            if entries is None:
+                continue
+            path = root / project_key / f"{session_id}.jsonl"
+            _write_jsonl(path, entries)
+            written.append(path)
+            for subpath in await store.list_subkeys(key):
+                parts = subpath.split("/")
+                if any(p in ("", ".", "..") for p in parts):
+                    continue
+                sub_entries = await store.load({**key, "subpath": subpath})
+                if sub_entries is None:
+                    continue
+                meta = [e for e in sub_entries if e.get("type") == "agent_metadata"]
+                lines = [e for e in sub_entries if e.get("type") != "agent_metadata"]
+                sub_path = root / project_key / session_id / (subpath + ".jsonl")
+                _write_jsonl(sub_path, lines)
+                written.append(sub_path)
+                if meta:
+                    sidecar = {k: v for k, v in meta[-1].items() if k not in ("type", "uuid")}
+                    meta_path = sub_path.with_name(sub_path.name[: -len(".jsonl")] + ".meta.json")
+                    meta_path.write_text(json.dumps(sidecar), encoding="utf-8")
+                    written.append(meta_path)
+    return written
