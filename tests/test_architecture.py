@@ -2,6 +2,8 @@
 
 - Nothing under ``store/`` imports ``compactor/`` (``store/cli`` and ``store/demo``, the
   programs built on both, may).
+- Nothing of the store's core imports ``store/adapters/`` (the framework adapters are built on
+  the store's public API; only the command line may use them), and no adapter imports another.
 - ``coordination/`` imports only the store's errors and retry policy (and itself): it is the
   Redis boundary, not a user of the store.
 - No import circles among the project's modules. Every import counts, including those inside
@@ -136,6 +138,16 @@ def test_the_store_never_imports_the_compactor() -> None:
         name: sorted(d for d in deps if d.startswith("compactor"))
         for name, deps in GRAPH.items()
         if name.startswith("store") and not name.startswith(("store.cli", "store.demo"))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_core_never_imports_an_adapter_and_adapters_never_import_each_other() -> None:
+    assert any(name.startswith("store.adapters.") for name in MODULES)
+    offenders = {
+        name: sorted(d for d in deps if d.startswith("store.adapters") and d != "store.adapters")
+        for name, deps in GRAPH.items()
+        if not name.startswith("store.cli")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 

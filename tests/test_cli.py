@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from pi_samples import pi_fixtures
 
 from store import SessionStore
@@ -806,3 +805,41 @@ def test_verify_reports_a_redis_tail_ahead_of_the_object_store(
     assert res.code == Exit.FAILED
     (result,) = res.json()["results"]
     assert any("ahead of the object store" in f for f in result["faults"])
+
+
+CLAUDE_PROJECTS = Path(__file__).resolve().parent / "fixtures" / "claude" / "projects"
+
+
+def _claude_files(root: Path) -> dict[str, list[Any]]:
+    return {
+        str(p.relative_to(root)): [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        for p in sorted(root.rglob("*.jsonl"))
+    }
+
+
+def test_claude_code_transcripts_in_and_back_out(cli: CLI, tmp_path: Path) -> None:
+    source = _claude_files(CLAUDE_PROJECTS)
+    assert any("subagents" in name for name in source), f"Claude fixtures not found at {CLAUDE_PROJECTS}"
+    first = cli("claude-import", str(CLAUDE_PROJECTS), "--json")
+    assert first.code == 0, first.err
+    keys = first.json()
+    assert {k["project_key"] for k in keys} == {"-work-demo"}
+    assert any("subpath" in k for k in keys)
+    # Importing the same tree again stores nothing twice.
+    again = cli("claude-import", str(CLAUDE_PROJECTS))
+    assert again.code == 0 and "imported 1 transcript of 1 project" in again.err
+    out_dir = tmp_path / "out"
+    exported = cli("claude-export", "-o", str(out_dir), "--json", "--", "-work-demo")
+    assert exported.code == 0, exported.err
+    assert _claude_files(out_dir) == source
+    # Without project keys: every project in the store.
+    everything = cli("claude-export", "-o", str(tmp_path / "all"))
+    assert everything.code == 0, everything.err
+    assert _claude_files(tmp_path / "all") == source
+    # Bad input: a clear error, an exit code of its own, nothing written.
+    missing = cli("claude-import", str(tmp_path / "nowhere"))
+    assert missing.code == 3 and "not a directory" in missing.err
+    (tmp_path / "file").write_text("x")
+    assert cli("claude-export", "-o", str(tmp_path / "file"), "--", "-work-demo").code == 2
+    assert cli("claude-export", "-o", str(tmp_path / "o2"), "..").code == 2
+    assert not (tmp_path / "o2").exists()

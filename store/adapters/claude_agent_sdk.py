@@ -326,6 +326,32 @@ class ClaudeSessionStore(SdkSessionStore):
         """The store session holding the project's index."""
         return f"cc.{self._project_hash(project_key)}"
 
+    async def list_projects(self) -> list[str]:
+        """Every project key of this namespace that has an index in the store.
+
+        A scan of the store's sessions (one LIST page per 1,000 sessions and a header read per
+        index found), for tools such as ``sessionstore claude-export``; the SDK's own calls
+        never need it."""
+        found: set[str] = set()
+        for info in await self.store.list_sessions():
+            sid = info.session_id
+            if not sid.startswith("cc.") or sid.count(".") != 1:
+                continue
+            try:
+                header = await self.store.get_header(sid)
+            except SessionNotFoundError:
+                continue
+            meta = header.pi_header.get(HEADER_KEY)
+            if (
+                isinstance(meta, dict)
+                and meta.get("kind") == "index"
+                and meta.get("namespace", "") == self.namespace
+                and isinstance(meta.get("project_key"), str)
+                and self.index_id(meta["project_key"]) == sid
+            ):
+                found.add(meta["project_key"])
+        return sorted(found)
+
     def session_id_for(self, key: SessionKey | SessionListSubkeysKey) -> str:
         """The store session holding ``key``'s stream."""
         sid = key["session_id"]

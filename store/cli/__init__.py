@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from store.cli import commands
+from store.cli.claude import add_claude_commands
 from store.cli.common import (
     ENV_DEBUG,
     ENV_OBJECTS,
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     # In the order of `sessionstore --help`.
     _add_session_commands(add)
     _add_transfer_commands(add)
+    add_claude_commands(add)
     _add_follow_command(add)
     _add_removal_commands(add)
     _add_operate_commands(add)
