@@ -3,7 +3,8 @@
 - Store: T tasks append single-entry batches round-robin over S sessions through one
   ``AsyncSessionStore`` (its threads run the sync protocol). The loop's worst lag (how long a
   1 ms sleeper overslept) is recorded alongside.
-- Floor: the same work by T plain threads calling the sync ``SessionStore`` directly: what the
+- Floor: the same work by as many plain threads as the store has, calling the sync
+  ``SessionStore`` directly: what the
   offload costs is the ratio of the two.
 - Native Redis for comparison: N concurrent round trips (PING) through ``redis.asyncio`` on the
   loop, and the same N offloaded to the store's threads through sync redis-py. This is the
@@ -29,6 +30,9 @@ from benchmarks.workload import chain
 def run(ctx: Context) -> None:
     b, p, R = ctx.backend, ctx.params, ctx.results
     tasks, sessions_n, per_task = p.aio_tasks, p.aio_sessions, p.aio_appends
+    from store.aio import DEFAULT_MAX_WORKERS
+
+    workers = min(tasks, DEFAULT_MAX_WORKERS)  # the floor's threads: as many as the store's
     sync_store = b.store()
     sessions = [f"aio-{ctx.run_id}-{s}" for s in range(sessions_n)]
     for sid in sessions:
@@ -54,7 +58,7 @@ def run(ctx: Context) -> None:
                     await asyncio.sleep(0.001)
                     lags.append(time.perf_counter() - t0 - 0.001)
 
-            store = AsyncSessionStore(sync_store, owns_store=False, max_workers=min(tasks, 32))
+            store = AsyncSessionStore(sync_store, owns_store=False, max_workers=workers)
             lag = asyncio.create_task(sleeper())
 
             async def task(t: int) -> None:
@@ -76,7 +80,7 @@ def run(ctx: Context) -> None:
             for i in range(per_task):
                 sync_store.append_session_entries(sessions[(t + i) % sessions_n], batch(tag))
 
-        with ThreadPoolExecutor(max_workers=min(tasks, 32)) as ex:
+        with ThreadPoolExecutor(max_workers=workers) as ex:
             t0 = time.perf_counter()
             list(ex.map(task, range(tasks)))
             return tasks * per_task / (time.perf_counter() - t0)
@@ -106,7 +110,7 @@ def run(ctx: Context) -> None:
     R.row("aio", f"{tasks} tasks, {sessions_n} sessions", fmt_rate(aio_rate), fmt_rate(thread_rate),
           fmt_ratio(thread_rate / aio_rate if aio_rate else float("nan")))
 
-    native, offloaded = _redis_round_trips(b.redis_rtt_url, p.aio_redis_calls, min(tasks, 32))
+    native, offloaded = _redis_round_trips(b.redis_rtt_url, p.aio_redis_calls, workers)
     R.fig("aio.redis.native_us_per_call", native * 1e6, "us")
     R.fig("aio.redis.offloaded_us_per_call", offloaded * 1e6, "us")
     R.row("aio", "Redis round trip: offloaded vs redis.asyncio", f"{offloaded * 1e6:.0f} us",
