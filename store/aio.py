@@ -29,13 +29,14 @@ import asyncio
 import contextlib
 import functools
 import os
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from store.core import SessionData, SessionStore
-from store.errors import InvalidInputError
+from store.errors import IndeterminateError, InvalidInputError
 from store.follow import Follower
 from store.handles import SessionHandle
 from store.records import AppendResult, ForkPoint, Header, SessionInfo, TailInfo
@@ -153,6 +154,27 @@ class AsyncSessionStore:
         return await self._run(
             self._store.append_session_entries, session_id, list(entries), expected_tail_entry_id
         )
+
+    async def append_resending(
+        self,
+        session_id: str,
+        entries: Sequence[dict[str, Any]],
+        expected_tail_entry_id: str | None = None,
+        *,
+        resends: int = 5,
+    ) -> AppendResult:
+        """``append_session_entries``, answering ``IndeterminateError`` (outcome unknown) by
+        sending the very same batch again, which the store makes idempotent: at most
+        ``resends`` more times, with jittered exponential backoff; then the error is raised."""
+        batch = list(entries)
+        for attempt in range(resends + 1):
+            try:
+                return await self.append_session_entries(session_id, batch, expected_tail_entry_id)
+            except IndeterminateError:
+                if attempt >= resends:
+                    raise
+                await asyncio.sleep(min(0.05 * 2**attempt, 1.0) * random.uniform(0.5, 1.0))
+        raise AssertionError("unreachable")
 
     async def load_session_entries(self, session_id: str) -> list[dict[str, Any]]:
         return await self._run(self._store.load_session_entries, session_id)

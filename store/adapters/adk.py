@@ -794,14 +794,7 @@ class SessionStoreSessionService(BaseSessionService):
         self, sid: str, entries: list[dict[str, Any]], expected: str | None = None
     ) -> AppendResult:
         """One batch; an unknown outcome is answered by re-sending it (idempotent)."""
-        attempts = 0
-        while True:
-            try:
-                return await self.store.append_session_entries(sid, entries, expected)
-            except IndeterminateError:
-                attempts += 1
-                if attempts > self._resend_attempts:
-                    raise
+        return await self.store.append_resending(sid, entries, expected, resends=self._resend_attempts)
 
     async def _append_creating(self, sid: str, entries: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         """Append to a session of the service's own (scope, index), creating it on first use."""

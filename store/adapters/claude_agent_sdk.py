@@ -388,14 +388,7 @@ class ClaudeSessionStore(SdkSessionStore):
         self, sid: str, entries: list[dict[str, Any]], expected: str | None = None
     ) -> AppendResult:
         """Append one batch; re-send the very same batch after ``IndeterminateError``."""
-        for attempt in range(self._resend_attempts):
-            try:
-                return await self.store.append_session_entries(sid, entries, expected)
-            except IndeterminateError:
-                if attempt == self._resend_attempts - 1:
-                    raise
-                await asyncio.sleep(min(0.05 * 2**attempt, 1.0) * random.uniform(0.5, 1.0))
-        raise AssertionError("unreachable")
+        return await self.store.append_resending(sid, entries, expected, resends=self._resend_attempts - 1)
 
     def _pi_header(self, sid: str, what: dict[str, Any]) -> dict[str, Any]:
         meta = {**what, "namespace": self.namespace} if self.namespace else what

@@ -449,12 +449,6 @@ class SessionStoreSession:
 
     async def _append(self, entries: list[dict[str, Any]], expected: str | None) -> AppendResult:
         """One batch; after ``IndeterminateError`` the very same batch again (idempotent)."""
-        attempt = 0
-        while True:
-            try:
-                return await self.store.append_session_entries(self.store_session_id, entries, expected)
-            except IndeterminateError:
-                if attempt >= self._resend_attempts:
-                    raise
-                attempt += 1
-                await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+        return await self.store.append_resending(
+            self.store_session_id, entries, expected, resends=self._resend_attempts
+        )
