@@ -48,14 +48,30 @@ def attempt(
     op = Op(sid, [e["id"] for e in batch], expected, "ok")
     try:
         op.seq = store.append_session_entries(sid, batch, expected).seq
-    except ConflictError as exc:
+    except SessionStoreError as exc:
+        judge(op, exc)
+    return op
+
+
+async def attempt_async(store: Any, sid: str, batch: list[dict[str, Any]], expected: str | None) -> Op:
+    """``attempt`` through an ``AsyncSessionStore``."""
+    op = Op(sid, [e["id"] for e in batch], expected, "ok")
+    try:
+        op.seq = (await store.append_session_entries(sid, batch, expected)).seq
+    except SessionStoreError as exc:
+        judge(op, exc)
+    return op
+
+
+def judge(op: Op, exc: SessionStoreError) -> None:
+    """Record a refused or unknown outcome on ``op``."""
+    if isinstance(exc, ConflictError):
         op.outcome = "conflict"
         op.actual_tail = exc.actual_tail_entry_id
-    except IndeterminateError:
+    elif isinstance(exc, IndeterminateError):
         op.outcome = "indeterminate"
-    except SessionStoreError as exc:
+    else:
         op.outcome = f"error:{type(exc).__name__}:{exc}"
-    return op
 
 
 @dataclass

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from history import Op, check_history
+from history import Op, attempt_async, check_history
 
-from store import EMPTY_TAIL, ConflictError, IndeterminateError, SessionStoreError
+from store import EMPTY_TAIL, ConflictError
 from store.aio import AsyncSessionManager, AsyncSessionStore
 from store.errors import (
     InvalidEntryError,
@@ -124,20 +124,6 @@ async def _open(s3_url: str, redis_url: str, redis_prefix: str, **kw: Any) -> As
     return await AsyncSessionStore.open(s3_url, redis_url, redis_prefix=redis_prefix, **kw)
 
 
-async def _attempt(store: AsyncSessionStore, sid: str, batch: list[dict[str, Any]], expected: str | None) -> Op:
-    op = Op(sid, [e["id"] for e in batch], expected, "ok")
-    try:
-        op.seq = (await store.append_session_entries(sid, batch, expected)).seq
-    except ConflictError as exc:
-        op.outcome = "conflict"
-        op.actual_tail = exc.actual_tail_entry_id
-    except IndeterminateError:
-        op.outcome = "indeterminate"
-    except SessionStoreError as exc:
-        op.outcome = f"error:{type(exc).__name__}:{exc}"
-    return op
-
-
 @pytest.mark.timeout(600)
 def test_hundred_tasks_ten_sessions_history_clean_and_loop_never_does_io(
     s3_url: str, redis_url: str, redis_prefix: str, socket_watch: SocketWatch
@@ -168,7 +154,7 @@ def test_hundred_tasks_ten_sessions_history_clean_and_loop_never_does_io(
                         parent = expected or None
                     ids = [f"t{t}-{i}-{k}" for k in range(rng.randint(1, 3))]
                     batch = [_entry(ids[0], parent)] + [_entry(ids[k], ids[k - 1]) for k in range(1, len(ids))]
-                    op = await _attempt(store, sid, batch, expected)
+                    op = await attempt_async(store, sid, batch, expected)
                     if op.outcome == "ok":
                         last[sid] = ids[-1]
                     ops.append(op)
