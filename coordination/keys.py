@@ -30,6 +30,21 @@ class Keys:
         """Pub/sub channel: one message per committed segment."""
         return f"{self.prefix}:{{{sid}}}:changes"
 
+    def changes_pattern(self) -> str:
+        """Pattern of every session's ``changes`` channel (one subscription per process)."""
+        return f"{self.prefix}:{{*}}:changes"
+
+    def session_of_channel(self, channel: str) -> str | None:
+        """The session id a ``changes`` channel names (None for another channel)."""
+        head, tail = f"{self.prefix}:{{", "}:changes"
+        if channel.startswith(head) and channel.endswith(tail):
+            return channel[len(head) : -len(tail)]
+        return None
+
+    def access(self, sid: str) -> str:
+        """String "<inc>:<ms>": when a stream was last read or written (its sliding TTL)."""
+        return f"{self.prefix}:{{{sid}}}:access"
+
     def claim(self, sid: str) -> str:
         """String "<seq>:<nonce>": the writer about to PUT segment seq+1 (advisory, expiring)."""
         return f"{self.prefix}:{{{sid}}}:claim"

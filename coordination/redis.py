@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import orjson
 import redis
@@ -139,7 +140,7 @@ class Coordinator:
         prefix: str = "ss",
         socket_timeout: float = 2.0,
         retry: RetryPolicy = DEFAULT_RETRY,
-    ) -> "Coordinator":
+    ) -> Coordinator:
         # redis-py's own retries are off: one policy (ours) decides, and it only retries
         # what is safe to resend. Every script is idempotent regardless.
         url, cluster = _cluster_flag(url)
@@ -391,6 +392,7 @@ class Coordinator:
             self.keys.job_pending(sid),
             self.keys.claim(sid),
             self.keys.deleted(sid),
+            self.keys.access(sid),
         ]
         return bool(self._call(lambda: self._forget(keys=keys, args=[inc, deleted_for_ms])))
 
@@ -439,12 +441,36 @@ class Coordinator:
 
         return self._call(go, retry=False)
 
-    def subscribe(self, sid: str) -> "Subscription":
+    def subscribe(self, sid: str) -> Subscription:
         """The session's change notifications (one per committed segment). Errors of the
         channel arrive as ``store.errors`` like every other Redis error."""
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         self._call(lambda: pubsub.subscribe(self.keys.changes(sid)))
         return Subscription(pubsub)
+
+    def subscribe_all(self) -> AllChanges:
+        """Change notifications of every session, on one connection (a server's waiters
+        share it). Not on Redis Cluster, whose pattern subscriptions are per shard."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        self._call(lambda: pubsub.psubscribe(self.keys.changes_pattern()))
+        return AllChanges(pubsub, self.keys)
+
+    def touch_access(self, sid: str, inc: str, when_ms: int) -> None:
+        """Record that incarnation ``inc`` of ``sid`` was read or written at ``when_ms``."""
+        self._call(lambda: self.client.set(self.keys.access(sid), f"{inc}:{when_ms}"))
+
+    def last_access(self, sid: str, inc: str) -> int | None:
+        """When incarnation ``inc`` of ``sid`` was last read or written, if Redis knows."""
+        raw = self._call(lambda: self.client.get(self.keys.access(sid)))
+        if raw is None:
+            return None
+        got_inc, _, ms = _s(raw).rpartition(":")
+        if got_inc != inc:
+            return None
+        try:
+            return int(ms)
+        except ValueError:
+            return None
 
     def purge(self) -> int:
         """Delete every key under this coordinator's prefix (tests, demos, benchmarks: never
@@ -510,8 +536,41 @@ class Subscription:
         except Exception:  # noqa: BLE001 - closing a broken connection may fail any way
             pass
 
-    def __enter__(self) -> "Subscription":
+    def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AllChanges:
+    """Change notifications of every session on one pub/sub connection: :meth:`wait` returns
+    the session ids announced. Like :class:`Subscription`, only says when to look."""
+
+    def __init__(self, pubsub: Any, keys: Keys) -> None:
+        self._pubsub = pubsub
+        self._keys = keys
+
+    def wait(self, timeout: float) -> list[str]:
+        out: list[str] = []
+
+        def drain() -> None:
+            msg = self._pubsub.get_message(timeout=max(0.0, timeout))
+            while msg is not None:
+                if msg.get("type") == "pmessage":
+                    sid = self._keys.session_of_channel(_s(msg.get("channel", "")))
+                    if sid is not None:
+                        out.append(sid)
+                msg = self._pubsub.get_message(timeout=0)
+
+        try:
+            redis_call(drain)
+        except OSError as exc:
+            raise BackendUnavailableError(f"notification channel lost: {exc}") from exc
+        return out
+
+    def close(self) -> None:
+        try:
+            self._pubsub.close()
+        except Exception:  # noqa: BLE001 - closing a broken connection may fail any way
+            pass

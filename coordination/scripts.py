@@ -240,7 +240,8 @@ FORGET = """
 -- FORGET: drop a session's state, but only the state of the given incarnation
 -- ("*" = whatever is there).
 -- KEYS[1] tail, KEYS[2] ids, KEYS[3] job marker, KEYS[4] (optional) claim,
--- KEYS[5] (optional) the deletion marker; ARGV[1] inc, ARGV[2] (optional) how long (ms) to
+-- KEYS[5] (optional) the deletion marker, KEYS[6] (optional) a stream's last access;
+--   ARGV[1] inc, ARGV[2] (optional) how long (ms) to
 --   keep the marker "incarnation ARGV[1] was deleted", which makes INSTALL refuse a rebuild
 --   of it that read the header before the delete (a rebuilder that paused).
 -- Returns 1 if dropped, 0 if the state belonged to another incarnation.
@@ -251,6 +252,7 @@ local inc = redis.call('HGET', KEYS[1], 'inc')
 if ARGV[1] ~= '*' and inc and inc ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 if KEYS[4] then redis.call('DEL', KEYS[4]) end
+if KEYS[6] then redis.call('DEL', KEYS[6]) end
 return 1
 """
 

@@ -165,10 +165,15 @@ class SessionStore:
         cwd: str | None = None,
         pi_header: dict[str, Any] | None = None,
         fork: ForkPoint | None = None,
+        kind: str = "pi",
+        config: dict[str, Any] | None = None,
     ) -> SessionHandle:
-        """Create a session; its header is written exactly once (``SessionExistsError``)."""
+        """Create a session; its header is written exactly once (``SessionExistsError``).
+
+        ``kind``/``config``: what the log holds and its settings (``"pi"``, the default, or
+        ``"stream"``: opaque messages, ``store/streams.py``)."""
         sid = check_session_id(session_id if session_id is not None else uuid7())
-        header = new_header(sid, cwd=cwd, pi_header=pi_header, fork=fork)
+        header = new_header(sid, cwd=cwd, pi_header=pi_header, fork=fork, kind=kind, config=config)
         self._ensure_probed()
         self.headers.create(header)
         try:

@@ -45,7 +45,13 @@ def uuid7() -> str:
 
 
 def new_header(
-    sid: str, *, cwd: str | None, pi_header: dict[str, Any] | None, fork: ForkPoint | None
+    sid: str,
+    *,
+    cwd: str | None,
+    pi_header: dict[str, Any] | None,
+    fork: ForkPoint | None,
+    kind: str = "pi",
+    config: dict[str, Any] | None = None,
 ) -> Header:
     """A header for a new incarnation of ``sid`` (a fresh random incarnation id)."""
     if pi_header is None:
@@ -64,6 +70,8 @@ def new_header(
         created_at_ms=now_ms(),
         pi_header=dict(pi_header),
         fork=fork,
+        kind=kind,
+        config=dict(config or {}),
     )
 
 

@@ -89,6 +89,14 @@ class Layout:
     def base(self, sid: str, inc: str, unique: str) -> str:
         return f"{self.prefix}sessions/{sid}/{inc}/base/{unique}.jsonl"
 
+    def stream_refs_prefix(self, sid: str, inc: str) -> str:
+        """Where the forks of a stream's incarnation register (``store/streams.py``): one
+        empty object a fork, which keeps the source's data while the fork reads it."""
+        return f"{self.prefix}streams/refs/{sid}/{inc}/"
+
+    def stream_ref(self, sid: str, inc: str, fork_sid: str) -> str:
+        return f"{self.prefix}streams/refs/{sid}/{inc}/{fork_sid}"
+
     @property
     def probe_prefix(self) -> str:
         return f"{self.prefix}_probe/"

@@ -56,8 +56,22 @@ class Header:
     pi_header: dict[str, Any]
     fork: ForkPoint | None = None
     schema: int = HEADER_SCHEMA
+    #: What the log holds: ``"pi"`` (pi's entries, the session model on top) or ``"stream"``
+    #: (opaque messages; ``store/streams.py``). Written only when not ``"pi"``.
+    kind: str = "pi"
+    #: The kind's own settings, fixed at creation (a stream's content type, TTL, fork point,
+    #: name). Empty for pi sessions.
+    config: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        out = self._to_json()
+        if self.kind != "pi":
+            out["kind"] = self.kind
+        if self.config:
+            out["config"] = self.config
+        return out
+
+    def _to_json(self) -> dict[str, Any]:
         return {
             "schema": self.schema,
             "session_id": self.session_id,
@@ -86,6 +100,8 @@ class Header:
             if not fork
             else ForkPoint(fork["session_id"], fork["incarnation"], fork["entry_id"], int(fork["seq"])),
             schema=int(data.get("schema", 1)),
+            kind=str(data.get("kind", "pi")),
+            config=dict(data.get("config") or {}),
         )
 
 

@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_transfer_commands(add)
     add_claude_commands(add)
     _add_follow_command(add)
+    _add_serve_command(add)
     _add_removal_commands(add)
     _add_operate_commands(add)
     _add_demo_command(add)
@@ -166,6 +167,16 @@ def _add_follow_command(add: _Add) -> None:
     p.add_argument("--timeout", type=float, help="exit after this many seconds")
     p.add_argument("--poll", type=float, default=2.0,
                    help="seconds between reads when no notification arrives (default %(default)s)")
+
+
+def _add_serve_command(add: _Add) -> None:
+    p = add("serve", "serve every stream and session over HTTP (the Durable Streams protocol)", commands.cmd_serve)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=4437, help="port (default %(default)s)")
+    p.add_argument("--long-poll-timeout", type=float, default=2.0, metavar="SECONDS",
+                   help="how long a long-poll waits at the tail before answering 204 (default %(default)s)")
+    p.add_argument("--sse-max", type=float, default=60.0, metavar="SECONDS",
+                   help="how long one SSE response stays open; clients reconnect (default %(default)s)")
 
 
 def _add_removal_commands(add: _Add) -> None:

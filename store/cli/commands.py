@@ -7,6 +7,7 @@ one line and an exit code by ``store.cli.main``.
 | ``store.cli.sessions`` | create, append, ls, info, show, context, fork, redact, delete |
 | ``store.cli.transfer`` | import, export |
 | ``store.cli.live`` | follow |
+| ``store.cli.serve`` | serve |
 | ``store.cli.operate`` | compact, gc, verify, doctor, embedded |
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 from store.cli.ctx import Ctx
 from store.cli.live import cmd_follow
 from store.cli.operate import cmd_compact, cmd_doctor, cmd_embedded, cmd_gc, cmd_verify
+from store.cli.serve import cmd_serve
 from store.cli.sessions import (
     cmd_append,
     cmd_context,
@@ -47,6 +49,7 @@ __all__ = [
     "cmd_info",
     "cmd_ls",
     "cmd_redact",
+    "cmd_serve",
     "cmd_show",
     "cmd_verify",
     "describe_session",

@@ -1,0 +1,621 @@
+"""The Durable Streams protocol over HTTP, on the store: an ASGI app (Starlette).
+
+Streams live at ``/v1/stream/{path}`` and speak the protocol of the Durable Streams
+specification (``PROTOCOL.md``, version 1.0): ``PUT`` create (and fork), ``POST`` append
+and close, ``GET`` catch-up, long-poll and SSE reads, ``HEAD``, ``DELETE``; JSON mode,
+``Stream-Seq``, idempotent producers, TTL and Expires-At, ETags, CORS. What a stream *is*
+(records, offsets, producer state, forks) is ``store/streams.py``; this module is the wire.
+
+Processes share nothing but the object store and Redis: any number of them serve the same
+streams behind any load balancer, with no sticky sessions. A live reader waits on a
+notification (``store/http/notify.py``), never by polling S3.
+
+Every blocking call (the store is synchronous) runs on this app's thread pool, so the event
+loop only waits; a live reader holds no thread while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import functools
+import logging
+import random
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any, TypeVar
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from store.core import SessionStore
+from store.errors import (
+    BackendUnavailableError,
+    BatchTooLargeError,
+    ContentionError,
+    IndeterminateError,
+    InvalidInputError,
+    SessionNotFoundError,
+    SessionStoreError,
+)
+from store.http.notify import Notifier
+from store.streams import (
+    START,
+    AppendOutcome,
+    Batch,
+    InvalidOffsetError,
+    Offset,
+    Producer,
+    ReadResult,
+    StaleEpochError,
+    StreamClosedError,
+    StreamError,
+    StreamInfo,
+    Streams,
+    is_json_type,
+    media_type,
+    ProducerSeqGapError,
+    stream_session_id,
+)
+
+log = logging.getLogger("sessionstore.http")
+T = TypeVar("T")
+
+STREAM_ROOT = "/v1/stream/"
+#: How long a long-poll waits at the tail before answering 204.
+DEFAULT_LONG_POLL_S = 2.0
+#: How long one SSE response stays open (the client reconnects from its last offset).
+DEFAULT_SSE_MAX_S = 60.0
+#: Largest request body: a stream's record holds it base64-encoded, within the store's
+#: 16 MiB batch limit.
+DEFAULT_MAX_BODY = 12 * 1024 * 1024
+#: Most bytes one catch-up response carries (clients continue from Stream-Next-Offset).
+DEFAULT_MAX_READ = 4 * 1024 * 1024
+
+_OFFSET_PARAM = re.compile(r"-1|now|\d+_\d+")
+_UINT = re.compile(r"0|[1-9]\d*")
+_DIGITS = re.compile(r"\d+")
+_MAX_SAFE_INT = 2**53 - 1
+_CURSOR_EPOCH_S = datetime.fromisoformat("2024-10-09T00:00:00+00:00").timestamp()
+_CURSOR_INTERVAL_S = 20
+
+_ALLOW_HEADERS = (
+    "Content-Type, Authorization, If-None-Match, If-Match, Stream-Seq, Stream-TTL, "
+    "Stream-Expires-At, Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq, "
+    "Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset"
+)
+_EXPOSE_HEADERS = (
+    "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Stream-TTL, "
+    "Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, "
+    "Producer-Expected-Seq, Producer-Received-Seq, ETag, Content-Type, Location"
+)
+_COMMON_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"cross-origin-resource-policy", b"cross-origin"),
+    (b"access-control-allow-origin", b"*"),
+    (b"access-control-allow-methods", b"GET, POST, PUT, DELETE, HEAD, OPTIONS"),
+    (b"access-control-allow-headers", _ALLOW_HEADERS.encode()),
+    (b"access-control-expose-headers", _EXPOSE_HEADERS.encode()),
+]
+
+
+class HttpError(Exception):
+    """A refusal of the wire layer itself (bad header, bad body) with its status."""
+
+    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.headers = headers or {}
+
+
+class StreamService:
+    """The protocol on one store. ``app`` is the ASGI application."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        *,
+        long_poll_s: float = DEFAULT_LONG_POLL_S,
+        sse_max_s: float = DEFAULT_SSE_MAX_S,
+        max_body: int = DEFAULT_MAX_BODY,
+        max_read: int = DEFAULT_MAX_READ,
+        threads: int = 32,
+    ) -> None:
+        self.store = store
+        self.streams = Streams(store)
+        self.notifier = Notifier(store.coord)
+        self.long_poll_s = long_poll_s
+        self.sse_max_s = sse_max_s
+        self.max_body = max_body
+        self.max_read = max_read
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sessionstore-http")
+        methods = ["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS"]
+        self.app = Starlette(
+            routes=[
+                Route(STREAM_ROOT + "{name:path}", self.handle, methods=methods),
+                Route("/healthz", self.health, methods=["GET"]),
+            ],
+            lifespan=self._lifespan,
+        )
+        self.app.add_middleware(_CommonHeaders)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.notifier.start()
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    def close(self) -> None:
+        self.notifier.close()
+        self._pool.shutdown(wait=True)
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    # --- dispatch ------------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return Response(b"ok\n", headers={"content-type": "text/plain"})
+
+    async def handle(self, request: Request) -> Response:
+        path = request.url.path
+        try:
+            if not request.path_params.get("name"):
+                raise HttpError(404, "stream-not-found", "no stream named")
+            method = request.method
+            if method == "OPTIONS":
+                return Response(status_code=204)
+            if method == "PUT":
+                return await self.put(request, path)
+            if method == "POST":
+                return await self.post(request, path)
+            if method == "GET":
+                return await self.get(request, path)
+            if method == "HEAD":
+                return await self.head(request, path)
+            return await self.delete(request, path)
+        except HttpError as exc:
+            return _problem(exc.status, exc.code, exc.detail, exc.headers)
+        except StreamClosedError as exc:
+            return _problem(409, exc.code, str(exc), {
+                "Stream-Closed": "true", "Stream-Next-Offset": exc.next_offset,
+            })
+        except StaleEpochError as exc:
+            return _problem(403, exc.code, str(exc), {"Producer-Epoch": str(exc.current_epoch)})
+        except ProducerSeqGapError as exc:
+            return _problem(409, exc.code, str(exc), {
+                "Producer-Expected-Seq": str(exc.expected), "Producer-Received-Seq": str(exc.received),
+            })
+        except StreamError as exc:
+            return _problem(exc.status, exc.code, str(exc))
+        except BatchTooLargeError as exc:
+            return _problem(413, "too-large", str(exc))
+        except SessionNotFoundError as exc:
+            return _problem(404, "stream-not-found", str(exc))
+        except InvalidInputError as exc:
+            return _problem(400, "bad-request", str(exc))
+        except (ContentionError, BackendUnavailableError) as exc:
+            return _problem(503, "unavailable", str(exc), {"Retry-After": "1"})
+        except IndeterminateError as exc:
+            return _problem(503, "indeterminate", f"the outcome is unknown; re-send to find out ({exc})",
+                            {"Retry-After": "1"})
+        except SessionStoreError as exc:
+            log.exception("request failed")
+            return _problem(500, "internal", type(exc).__name__)
+
+    # --- PUT: create and fork ------------------------------------------------------------------
+
+    async def put(self, request: Request, path: str) -> Response:
+        h = request.headers
+        ttl_s = _ttl(h.get("stream-ttl"))
+        expires_at, expires_at_ms = _expires_at(h.get("stream-expires-at"))
+        if ttl_s is not None and expires_at is not None:
+            raise HttpError(400, "bad-request", "Stream-TTL and Stream-Expires-At together")
+        close = _flag(h.get("stream-closed"))
+        fork_from = h.get("stream-forked-from")
+        fork_offset = h.get("stream-fork-offset")
+        sub = h.get("stream-fork-sub-offset")
+        fork_sub = 0
+        if sub is not None:
+            if fork_from is None:
+                raise HttpError(400, "bad-request", "Stream-Fork-Sub-Offset needs Stream-Forked-From")
+            if not _UINT.fullmatch(sub):
+                raise HttpError(400, "bad-request", "Stream-Fork-Sub-Offset is a non-negative integer")
+            fork_sub = int(sub)
+        if fork_offset is not None and fork_from is None:
+            raise HttpError(400, "bad-request", "Stream-Fork-Offset needs Stream-Forked-From")
+        offset = None
+        if fork_offset is not None:
+            offset = Offset.parse(fork_offset) if fork_offset != "-1" else START
+        content_type = h.get("content-type") or None
+        body = await self._body(request)
+        msgs = _messages(body, content_type, allow_empty_array=True) if body else []
+        if fork_from is not None and fork_from.startswith("http"):
+            fork_from = "/" + fork_from.split("://", 1)[-1].split("/", 1)[-1]
+        created, info = await self._run(
+            self.streams.create,
+            path,
+            content_type=content_type,
+            ttl_s=ttl_s,
+            expires_at_ms=expires_at_ms,
+            expires_at=expires_at,
+            fork_from=fork_from,
+            fork_offset=offset,
+            fork_sub=fork_sub,
+            msgs=msgs,
+            close=close,
+        )
+        headers = self._info_headers(info)
+        if created:
+            headers["Location"] = str(request.url.replace(query=""))
+            self.notifier.notify(info.session_id)
+        return Response(status_code=201 if created else 200, headers=headers)
+
+    # --- POST: append and close ---------------------------------------------------------------
+
+    async def post(self, request: Request, path: str) -> Response:
+        h = request.headers
+        producer = _producer(h)
+        close = _flag(h.get("stream-closed"))
+        stream_seq = h.get("stream-seq")
+        content_type = h.get("content-type") or None
+        body = await self._body(request)
+        if not body and not close:
+            raise HttpError(400, "empty-body", "an append needs a body")
+        if body and content_type is None:
+            raise HttpError(400, "bad-request", "an append needs a Content-Type")
+        msgs = _messages(body, content_type, allow_empty_array=False) if body else []
+        outcome: AppendOutcome = await self._run(
+            self.streams.append,
+            path,
+            msgs,
+            content_type=content_type,
+            producer=producer,
+            stream_seq=stream_seq,
+            close=close,
+        )
+        headers = {"Stream-Next-Offset": str(outcome.next_offset)}
+        if outcome.closed:
+            headers["Stream-Closed"] = "true"
+        if producer is not None and outcome.producer is not None:
+            headers["Producer-Epoch"] = str(outcome.producer[0])
+            headers["Producer-Seq"] = str(outcome.producer[1])
+        if not outcome.duplicate:
+            self.notifier.notify(stream_session_id(path))
+        status = 200 if producer is not None and not outcome.duplicate and msgs else 204
+        return Response(status_code=status, headers=headers)
+
+    # --- GET: catch-up, long-poll, SSE --------------------------------------------------------
+
+    async def get(self, request: Request, path: str) -> Response:
+        q = request.query_params
+        offsets = q.getlist("offset")
+        if len(offsets) > 1:
+            raise HttpError(400, "invalid-offset", "one offset parameter at most")
+        raw = offsets[0] if offsets else None
+        if raw is not None and not _OFFSET_PARAM.fullmatch(raw):
+            raise HttpError(400, "invalid-offset", "offset is -1, now, or an offset this server returned")
+        live = q.get("live")
+        if live is not None and live not in ("long-poll", "sse"):
+            raise HttpError(400, "bad-request", "live is long-poll or sse")
+        if live is not None and raw is None:
+            raise HttpError(400, "invalid-offset", f"live={live} needs an offset")
+        now = raw == "now"
+        offset = None if now else (START if raw in (None, "-1") else Offset.parse(raw))
+        if live == "sse":
+            return await self._sse(request, path, offset)
+        if live == "long-poll":
+            return await self._long_poll(request, path, offset)
+        res, info = await self._run(self.streams.read_info, path, offset, max_bytes=self.max_read)
+        headers = self._read_headers(info, res)
+        if now:
+            headers["Cache-Control"] = "no-store"
+        else:
+            etag = f'"{info.session_id}:{offset}:{res.next_offset}{":c" if res.closed else ""}"'
+            headers["ETag"] = etag
+            headers["Cache-Control"] = (
+                "no-store" if res.up_to_date else "public, max-age=60, stale-while-revalidate=300"
+            )
+            if request.headers.get("if-none-match") == etag:
+                return Response(status_code=304, headers=headers)
+        return Response(_body_of(info, res.batches), status_code=200, headers=headers)
+
+    async def _long_poll(self, request: Request, path: str, offset: Offset | None) -> Response:
+        sid = stream_session_id(path)
+        cursor = _cursor(request.query_params.get("cursor"))
+        deadline = time.monotonic() + self.long_poll_s
+        ev = self.notifier.watch(sid)
+        try:
+            while True:
+                res, info = await self._run(self.streams.read_info, path, offset, max_bytes=self.max_read)
+                if offset is None:
+                    offset = res.tail
+                headers = self._read_headers(info, res)
+                headers["Cache-Control"] = "no-store"
+                if res.batches:
+                    if not res.closed:
+                        headers["Stream-Cursor"] = cursor
+                    return Response(_body_of(info, res.batches), status_code=200, headers=headers)
+                if res.closed:
+                    return Response(status_code=204, headers=headers)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    headers["Stream-Cursor"] = cursor
+                    return Response(status_code=204, headers=headers)
+                ev.clear()
+                try:
+                    await asyncio.wait_for(ev.wait(), timeout=min(remaining, 5.0))
+                except TimeoutError:
+                    pass
+        finally:
+            self.notifier.unwatch(sid, ev)
+
+    async def _sse(self, request: Request, path: str, offset: Offset | None) -> Response:
+        sid = stream_session_id(path)
+        # Fail before the 200 if the stream is missing.
+        info: StreamInfo = await self._run(self.streams.info, path)
+        cursor = _cursor(request.query_params.get("cursor"))
+        b64 = _sse_base64(info.config.content_type)
+        headers = {
+            "content-type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+        if b64:
+            headers["Stream-SSE-Data-Encoding"] = "base64"
+        return StreamingResponse(
+            self._sse_events(path, sid, offset, cursor, info, b64), headers=headers
+        )
+
+    async def _sse_events(
+        self, path: str, sid: str, offset: Offset | None, cursor: str, info: StreamInfo, b64: bool
+    ) -> AsyncIterator[bytes]:
+        ev = self.notifier.watch(sid)
+        started = time.monotonic()
+        first = True
+        try:
+            while True:
+                ev.clear()
+                try:
+                    res: ReadResult = await self._run(self.streams.read, path, offset, max_bytes=self.max_read)
+                except StreamError:
+                    return  # deleted or expired while followed: end the response
+                if offset is None:
+                    offset = res.tail
+                out: list[bytes] = []
+                for i, batch in enumerate(res.batches):
+                    out.append(_sse_data(info, batch, b64))
+                    last = i == len(res.batches) - 1
+                    end = res.next_offset if last else batch.end
+                    out.append(_sse_control(end, cursor, up_to_date=last and res.up_to_date,
+                                            closed=last and res.closed))
+                if not res.batches and (first or res.closed):
+                    out.append(_sse_control(res.next_offset, cursor, up_to_date=True, closed=res.closed))
+                first = False
+                if out:
+                    yield b"".join(out)
+                offset = res.next_offset
+                if res.closed:
+                    return
+                if not res.up_to_date:
+                    continue
+                remaining = self.sse_max_s - (time.monotonic() - started)
+                if remaining <= 0:
+                    return
+                try:
+                    await asyncio.wait_for(ev.wait(), timeout=min(remaining, 15.0))
+                except TimeoutError:
+                    yield b": keep-alive\n\n"
+        finally:
+            self.notifier.unwatch(sid, ev)
+
+    # --- HEAD, DELETE -------------------------------------------------------------------------
+
+    async def head(self, request: Request, path: str) -> Response:
+        info: StreamInfo = await self._run(self.streams.info, path)
+        headers = self._info_headers(info)
+        headers["Cache-Control"] = "no-store"
+        return Response(status_code=200, headers=headers)
+
+    async def delete(self, request: Request, path: str) -> Response:
+        await self._run(self.streams.delete, path)
+        self.notifier.notify(stream_session_id(path))
+        return Response(status_code=204)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    async def _body(self, request: Request) -> bytes:
+        """The whole body, or 413 after draining it (answering while a client still sends
+        would reset its connection)."""
+        chunks: list[bytes] = []
+        size = 0
+        over = False
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body:
+                over = True
+                chunks.clear()
+            elif not over:
+                chunks.append(chunk)
+        if over:
+            raise HttpError(413, "too-large", f"the body is over {self.max_body} bytes")
+        return b"".join(chunks)
+
+    def _info_headers(self, info: StreamInfo) -> dict[str, str]:
+        headers = {"content-type": info.config.content_type, "Stream-Next-Offset": str(info.tail)}
+        if info.closed:
+            headers["Stream-Closed"] = "true"
+        if info.config.ttl_s is not None:
+            headers["Stream-TTL"] = str(info.config.ttl_s)
+        if info.config.expires_at is not None:
+            headers["Stream-Expires-At"] = info.config.expires_at
+        return headers
+
+    def _read_headers(self, info: StreamInfo, res: ReadResult) -> dict[str, str]:
+        headers = {"content-type": info.config.content_type, "Stream-Next-Offset": str(res.next_offset)}
+        if res.up_to_date:
+            headers["Stream-Up-To-Date"] = "true"
+        if res.closed:
+            headers["Stream-Closed"] = "true"
+        return headers
+
+
+# --- the wire ------------------------------------------------------------------------------------
+
+
+class _CommonHeaders:
+    """Security and CORS headers on every response, errors and SSE included."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + _COMMON_HEADERS
+            await send(message)
+
+        await self.app(scope, receive, send_with)
+
+
+def _problem(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> Response:
+    """An RFC 9457 problem document naming the error class."""
+    body = orjson.dumps({
+        "type": f"https://sessionstore.dev/problems/{code}",
+        "title": code.replace("-", " "),
+        "status": status,
+        "detail": detail,
+        "code": code,
+    })
+    all_headers = {"content-type": "application/problem+json"}
+    all_headers.update(headers or {})
+    return Response(body, status_code=status, headers=all_headers)
+
+
+def _flag(value: str | None) -> bool:
+    return value is not None and value.strip().lower() == "true"
+
+
+def _ttl(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if not _UINT.fullmatch(value):
+        raise HttpError(400, "bad-request", "Stream-TTL is a whole number of seconds")
+    return int(value)
+
+
+def _expires_at(value: str | None) -> tuple[str | None, int | None]:
+    if value is None:
+        return None, None
+    text = value.strip()
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise HttpError(400, "bad-request", "Stream-Expires-At is an RFC 3339 timestamp") from None
+    if when.tzinfo is None or "T" not in text.upper():
+        raise HttpError(400, "bad-request", "Stream-Expires-At needs a date, a time and a zone")
+    return value, int(when.timestamp() * 1000)
+
+
+def _producer(h: Any) -> Producer | None:
+    pid, epoch, seq = h.get("producer-id"), h.get("producer-epoch"), h.get("producer-seq")
+    given = [v is not None for v in (pid, epoch, seq)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise HttpError(400, "bad-request", "Producer-Id, Producer-Epoch and Producer-Seq go together")
+    if not pid:
+        raise HttpError(400, "bad-request", "Producer-Id is empty")
+    if not _DIGITS.fullmatch(epoch) or not _DIGITS.fullmatch(seq):
+        raise HttpError(400, "bad-request", "Producer-Epoch and Producer-Seq are non-negative integers")
+    e, s = int(epoch), int(seq)
+    if e > _MAX_SAFE_INT or s > _MAX_SAFE_INT:
+        raise HttpError(400, "bad-request", "Producer-Epoch and Producer-Seq are at most 2^53-1")
+    return Producer(pid, e, s)
+
+
+def _messages(body: bytes, content_type: str | None, *, allow_empty_array: bool) -> list[Any]:
+    """A request body as the messages of one append: a JSON body's values (an array is
+    flattened one level), any other body as one message."""
+    if content_type is None or not is_json_type(content_type):
+        return [body]
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise HttpError(400, "invalid-json", f"the body is not JSON: {exc}") from None
+    if isinstance(value, list):
+        if not value and not allow_empty_array:
+            raise HttpError(400, "empty-body", "an empty JSON array appends nothing")
+        return value
+    return [value]
+
+
+def _body_of(info: StreamInfo, batches: list[Batch]) -> bytes:
+    if info.config.json:
+        return b"[" + b",".join(orjson.dumps(m) for b in batches for m in b.messages) + b"]"
+    return b"".join(m for b in batches for m in b.messages)
+
+
+def _cursor(client: str | None) -> str:
+    """The CDN-collapsing cursor of the protocol: the current 20 s interval, or strictly
+    past the client's when the client is already there."""
+    current = int((time.time() - _CURSOR_EPOCH_S) // _CURSOR_INTERVAL_S)
+    if client is not None and _DIGITS.fullmatch(client):
+        theirs = int(client)
+        if theirs >= current:
+            return str(theirs + max(1, -(-random.randint(1, 3600) // _CURSOR_INTERVAL_S)))
+    return str(current)
+
+
+def _sse_base64(content_type: str) -> bool:
+    mt = media_type(content_type)
+    return not (mt.startswith("text/") or mt == "application/json")
+
+
+_NEWLINES = re.compile(r"\r\n|\r|\n")
+
+
+def _sse_data(info: StreamInfo, batch: Batch, b64: bool) -> bytes:
+    if info.config.json:
+        text = orjson.dumps(batch.messages).decode()
+    elif b64:
+        text = base64.b64encode(b"".join(batch.messages)).decode("ascii")
+    else:
+        text = b"".join(batch.messages).decode("utf-8", "replace")
+    lines = "".join(f"data:{line}\n" for line in _NEWLINES.split(text))
+    return f"event: data\n{lines}\n".encode()
+
+
+def _sse_control(end: Offset, cursor: str, *, up_to_date: bool, closed: bool) -> bytes:
+    ctrl: dict[str, Any] = {"streamNextOffset": str(end)}
+    if closed:
+        ctrl["streamClosed"] = True
+    else:
+        ctrl["streamCursor"] = cursor
+    if up_to_date:
+        ctrl["upToDate"] = True
+    return b"event: control\ndata:" + orjson.dumps(ctrl) + b"\n\n"
+
+
+def create_app(store: SessionStore, **options: Any) -> Starlette:
+    """The ASGI app serving ``store`` (options: those of :class:`StreamService`)."""
+    return StreamService(store, **options).app
+
+
+__all__ = ["DEFAULT_LONG_POLL_S", "StreamService", "create_app"]

@@ -1,0 +1,983 @@
+"""Durable streams: append-only logs of opaque messages (bytes or JSON) on the session log.
+
+A stream is a session of kind ``"stream"`` (``Header.kind``): the same header, segments,
+manifests, compaction, Redis tail and compare-and-set, so every invariant of the store holds
+for it unchanged (nothing acknowledged is lost, a batch is all or nothing, zombies are
+fenced; ``docs/design.md``). What this module adds is the stream's own rules on top:
+
+- **One record a batch.** An append is one segment holding one record::
+
+      {"type": "stream.batch", "id": <batch id>, "parentId": null, "at": <ms>,
+       "msgs": [...], "producer": {"id", "epoch", "seq"}?, "streamSeq": "..."?, "close": true?}
+
+  ``msgs`` are JSON values for a JSON stream and base64 strings for any other content type
+  (one message per append). A record, not one entry per message, keeps the Redis id index at
+  one id per append whatever the batch size.
+- **Offsets** are ``<vseq:016d>_<index:016d>``: "before message ``index`` of segment
+  ``vseq``, and everything after". Opaque to clients, sortable as strings, derived from the
+  store's own segment numbers, and stable across compaction (a base keeps each record's
+  segment number). A fork numbers its own segments after its fork point (``vseq = base +
+  seq``), so offsets keep increasing across the boundary.
+- **Producer state, Stream-Seq and closing are folded from the records.** Every append is a
+  compare-and-set on the tail record the writer's checks were made against
+  (``expected_tail_entry_id``), so a check and its append are one atomic step: a producer
+  paused past any grace period, or a writer racing a close, finds the tail moved and checks
+  again against the new state. Exactly-once therefore holds across server crashes and
+  pauses, not only within an epoch: a re-sent producer batch has the same record id and the
+  store's duplicate check returns the original result.
+
+Not here (the HTTP service's business, ``store/http/``): headers, status codes, waiting.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from store.errors import (
+    ConflictError,
+    ContentionError,
+    IdCollisionError,
+    InvalidInputError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    SessionExistsError,
+    SessionNotFoundError,
+    SessionStoreError,
+)
+from store.layout import SESSION_ID_RE
+from store.records import EMPTY_TAIL, Header
+
+if TYPE_CHECKING:
+    from store.core import SessionStore
+
+STREAM_KIND = "stream"
+BATCH_TYPE = "stream.batch"
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+OFFSET_WIDTH = 16
+_OFFSET_RE = re.compile(r"^(\d{16})_(\d{16})$")
+#: Attempts of one append against a moving tail before ``ContentionError``.
+MAX_CAS_ATTEMPTS = 64
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+class StreamError(SessionStoreError):
+    """A stream operation refused; ``status`` is the HTTP status the service answers with."""
+
+    status = 400
+    code = "bad-request"
+
+
+class InvalidOffsetError(StreamError, InvalidInputError):
+    code = "invalid-offset"
+
+
+class StreamNotFoundError(StreamError, LookupError):
+    status = 404
+    code = "stream-not-found"
+
+
+class StreamGoneError(StreamError):
+    """The stream was deleted (or expired) while forks still read it."""
+
+    status = 410
+    code = "stream-gone"
+
+
+class StreamExistsError(StreamError):
+    status = 409
+    code = "stream-exists"
+
+
+class ContentTypeMismatchError(StreamError):
+    status = 409
+    code = "content-type-mismatch"
+
+
+class StreamClosedError(StreamError):
+    status = 409
+    code = "stream-closed"
+
+    def __init__(self, message: str, next_offset: str) -> None:
+        super().__init__(message)
+        self.next_offset = next_offset
+
+
+class StreamSeqConflictError(StreamError):
+    status = 409
+    code = "stream-seq-conflict"
+
+
+class StaleEpochError(StreamError):
+    status = 403
+    code = "stale-producer-epoch"
+
+    def __init__(self, message: str, current_epoch: int) -> None:
+        super().__init__(message)
+        self.current_epoch = current_epoch
+
+
+class ProducerSeqGapError(StreamError):
+    status = 409
+    code = "producer-sequence-gap"
+
+    def __init__(self, message: str, expected: int, received: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.received = received
+
+
+class ProducerEpochSeqError(StreamError):
+    status = 400
+    code = "producer-epoch-seq"
+
+
+# --- values ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Offset:
+    """A position in a stream: before message ``index`` of (virtual) segment ``vseq``."""
+
+    vseq: int
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.vseq:0{OFFSET_WIDTH}d}_{self.index:0{OFFSET_WIDTH}d}"
+
+    @classmethod
+    def parse(cls, text: str) -> Offset:
+        if text == "-1":
+            return START
+        m = _OFFSET_RE.match(text)
+        if m is None:
+            raise InvalidOffsetError(f"not an offset of this stream: {text[:64]!r}")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+
+START = Offset(0, 0)
+
+
+def is_json_type(content_type: str) -> bool:
+    return media_type(content_type) == "application/json"
+
+
+def media_type(content_type: str) -> str:
+    """``type/subtype`` lowercased, parameters dropped."""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def stream_session_id(path: str) -> str:
+    """The session id a stream path is kept under: the path itself when it is a valid
+    session id (so every session is a stream of the same name), else a hash of it."""
+    if SESSION_ID_RE.match(path) and ".." not in path:
+        return path
+    return "ds." + hashlib.blake2b(path.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """A stream's settings, fixed at creation (kept in the header's ``config``)."""
+
+    path: str
+    content_type: str = DEFAULT_CONTENT_TYPE
+    ttl_s: int | None = None
+    expires_at_ms: int | None = None
+    #: The Expires-At value as the creator gave it (echoed back).
+    expires_at: str | None = None
+    #: Fork point: (source session id, its incarnation, offset in the source, sub-offset).
+    fork_sid: str | None = None
+    fork_inc: str | None = None
+    fork_offset: Offset | None = None
+    fork_sub: int = 0
+    #: Created closed (part of the settings a re-create must match).
+    created_closed: bool = False
+
+    @property
+    def json(self) -> bool:
+        return is_json_type(self.content_type)
+
+    @property
+    def base(self) -> int:
+        """Virtual segment number of the fork point (0 for a stream that is no fork)."""
+        return self.fork_offset.vseq if self.fork_offset is not None else 0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "content_type": self.content_type}
+        if self.ttl_s is not None:
+            out["ttl_s"] = self.ttl_s
+        if self.expires_at_ms is not None:
+            out["expires_at_ms"] = self.expires_at_ms
+            out["expires_at"] = self.expires_at
+        if self.fork_sid is not None:
+            out["fork"] = {
+                "sid": self.fork_sid,
+                "inc": self.fork_inc,
+                "offset": str(self.fork_offset),
+                "sub": self.fork_sub,
+            }
+        if self.created_closed:
+            out["created_closed"] = True
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StreamConfig:
+        fork = data.get("fork")
+        return cls(
+            path=str(data["path"]),
+            content_type=str(data.get("content_type", DEFAULT_CONTENT_TYPE)),
+            ttl_s=data.get("ttl_s"),
+            expires_at_ms=data.get("expires_at_ms"),
+            expires_at=data.get("expires_at"),
+            fork_sid=fork["sid"] if fork else None,
+            fork_inc=fork["inc"] if fork else None,
+            fork_offset=Offset.parse(fork["offset"]) if fork else None,
+            fork_sub=int(fork.get("sub", 0)) if fork else 0,
+            created_closed=bool(data.get("created_closed", False)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Producer:
+    id: str
+    epoch: int
+    seq: int
+
+
+@dataclass
+class StreamState:
+    """What the records of one incarnation add up to, as far as ``last_seq``."""
+
+    header: Header
+    config: StreamConfig
+    last_seq: int = 0
+    last_id: str = EMPTY_TAIL
+    #: Messages in the last own segment (for the tail offset).
+    last_count: int = 0
+    producers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    stream_seq: str | None = None
+    closed: bool = False
+    closed_by: tuple[str, int, int] | None = None
+    #: Deleted while forks still read it: gone for everyone else (410).
+    deleted: bool = False
+
+    @property
+    def tail(self) -> Offset:
+        if self.last_seq == 0:
+            return self.config.fork_offset or START
+        return Offset(self.config.base + self.last_seq, self.last_count)
+
+    def fold(self, seq: int, record: dict[str, Any]) -> None:
+        self.last_seq = seq
+        self.last_id = str(record["id"])
+        self.last_count = len(record.get("msgs") or ())
+        p = record.get("producer")
+        if p:
+            self.producers[p["id"]] = (int(p["epoch"]), int(p["seq"]))
+        if record.get("streamSeq") is not None:
+            self.stream_seq = record["streamSeq"]
+        if record.get("close"):
+            self.closed = True
+            self.closed_by = (p["id"], int(p["epoch"]), int(p["seq"])) if p else None
+        if record.get("deleted"):
+            self.deleted = True
+
+
+@dataclass(frozen=True, slots=True)
+class AppendOutcome:
+    next_offset: Offset
+    closed: bool
+    #: True when the append was a duplicate (nothing new was written).
+    duplicate: bool = False
+    #: The producer's highest accepted (epoch, seq) after this append.
+    producer: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The messages of one append (one record) within a read: ``end`` is the offset after it."""
+
+    end: Offset
+    #: JSON values, or bytes (one message) for other content types.
+    messages: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    batches: list[Batch]
+    next_offset: Offset
+    up_to_date: bool
+    #: The stream is closed and this read reached its end.
+    closed: bool
+    tail: Offset
+
+    @property
+    def messages(self) -> list[Any]:
+        return [m for b in self.batches for m in b.messages]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    path: str
+    session_id: str
+    config: StreamConfig
+    tail: Offset
+    closed: bool
+    created_at_ms: int
+
+
+# --- the streams --------------------------------------------------------------------------------
+
+#: A fork registers with its source before its header exists; a registration older than this
+#: without a header is abandoned (a forker that crashed) and may be cleared. A forker that
+#: took longer than half of it (paused) undoes its fork instead of trusting the registration.
+REF_GRACE_MS = 10 * 60 * 1000
+
+
+class Streams:
+    """Durable streams on one :class:`~store.core.SessionStore`. Thread-safe."""
+
+    def __init__(self, store: SessionStore, *, cache_size: int = 4096) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._states: OrderedDict[str, StreamState] = OrderedDict()
+        self._cache_size = cache_size
+        self._sid_locks: dict[str, threading.Lock] = {}
+
+    # --- create ------------------------------------------------------------------------------
+
+    def create(
+        self,
+        path: str,
+        *,
+        content_type: str | None = None,
+        ttl_s: int | None = None,
+        expires_at_ms: int | None = None,
+        expires_at: str | None = None,
+        fork_from: str | None = None,
+        fork_offset: Offset | None = None,
+        fork_sub: int = 0,
+        msgs: list[Any] | None = None,
+        close: bool = False,
+    ) -> tuple[bool, StreamInfo]:
+        """Create a stream, or find it created with the same settings: ``(created, info)``.
+
+        ``StreamExistsError`` when it exists with other settings (or was deleted while forks
+        still read it). A fork (``fork_from``) reads its source up to ``fork_offset`` (default:
+        the source's tail), then the first ``fork_sub`` bytes (JSON: values) of the source's
+        next append, copied, then its own appends; nothing else is copied."""
+        sid = stream_session_id(path)
+        if fork_from is None:
+            config = StreamConfig(
+                path=path,
+                content_type=content_type or DEFAULT_CONTENT_TYPE,
+                ttl_s=ttl_s,
+                expires_at_ms=expires_at_ms,
+                expires_at=expires_at,
+                created_closed=close,
+            )
+            return self._create(sid, config, msgs, close, requested_offset=True)
+        try:
+            src = self.state(fork_from, touch=False)
+        except StreamGoneError:
+            raise StreamExistsError(f"stream {fork_from!r} was deleted: no new forks") from None
+        if fork_offset is None:
+            given_offset = False
+            fork_offset = src.tail
+        else:
+            given_offset = True
+            if fork_offset > src.tail:
+                raise InvalidOffsetError("the fork offset is beyond the source stream's tail")
+        if content_type is None:
+            content_type = src.config.content_type
+        elif media_type(content_type) != media_type(src.config.content_type):
+            raise ContentTypeMismatchError("a fork keeps its source's content type")
+        if ttl_s is None and expires_at_ms is None:
+            ttl_s, expires_at_ms, expires_at = src.config.ttl_s, src.config.expires_at_ms, src.config.expires_at
+        prefix: list[Any] = []
+        if fork_sub:
+            first = self._first_batch_after(src, fork_offset)
+            if first is None:
+                raise InvalidOffsetError("no append after the fork offset to take a sub-offset of")
+            size = len(first.messages) if src.config.json else len(first.messages[0])
+            if fork_sub > size:
+                raise InvalidOffsetError(f"sub-offset {fork_sub} is past the append's {size}")
+            prefix = first.messages[:fork_sub] if src.config.json else [first.messages[0][:fork_sub]]
+        config = StreamConfig(
+            path=path,
+            content_type=content_type,
+            ttl_s=ttl_s,
+            expires_at_ms=expires_at_ms,
+            expires_at=expires_at,
+            fork_sid=src.header.session_id,
+            fork_inc=src.header.incarnation,
+            fork_offset=fork_offset,
+            fork_sub=fork_sub,
+            created_closed=close,
+        )
+        ref_key = self.store.layout.stream_ref(config.fork_sid or "", config.fork_inc or "", sid)
+        started = time.monotonic()
+        made_ref = self._put_ref(ref_key)
+        try:
+            # Registered first, then checked: a delete of the source appends its tombstone
+            # first, then lists the registrations, so one of the two sees the other.
+            self.state(fork_from, touch=False)
+        except (StreamGoneError, StreamNotFoundError):
+            if made_ref:
+                self._drop_ref(ref_key)
+                self._collect(config.fork_sid or "", config.fork_inc or "")
+            raise StreamExistsError(f"stream {fork_from!r} was deleted: no new forks") from None
+        try:
+            created, info = self._create(
+                sid, config, None, False, requested_offset=given_offset, prefix=prefix
+            )
+        except BaseException:
+            if made_ref:
+                self._drop_ref_unless_forked(ref_key, sid, config)
+            raise
+        if created and (time.monotonic() - started) * 1000 > REF_GRACE_MS / 2:
+            # Paused between registering and creating: the registration may have been
+            # cleared as abandoned. Undo rather than read a source that may be going.
+            self._delete_now(self.state(path, touch=False, allow_gone=True))
+            raise ContentionError(f"creating fork {path!r} took too long; retry")
+        if created and (msgs or close):
+            self.append(path, msgs or [], content_type=config.content_type, close=close)
+            info = self.info(path)
+        return created, info
+
+    def _create(
+        self,
+        sid: str,
+        config: StreamConfig,
+        msgs: list[Any] | None,
+        close: bool,
+        *,
+        requested_offset: bool,
+        prefix: list[Any] | None = None,
+    ) -> tuple[bool, StreamInfo]:
+        path = config.path
+        try:
+            handle = self.store.create_session(sid, kind=STREAM_KIND, config=config.to_json())
+        except SessionExistsError:
+            try:
+                existing = self.state(path, touch=False, allow_gone=True)
+            except StreamNotFoundError:
+                raise StreamExistsError(f"stream {path!r} is being replaced; retry") from None
+            if existing.deleted:
+                raise StreamExistsError(f"stream {path!r} was deleted while forks read it") from None
+            if not _same_config(existing.config, config, requested_offset) or existing.closed != (
+                existing.closed and config.created_closed
+            ):
+                raise StreamExistsError(f"stream {path!r} exists with other settings") from None
+            return False, self._info(existing)
+        state = StreamState(header=handle.header, config=config)
+        self._remember(sid, state)
+        self._touch(state)
+        if prefix:
+            self.append(path, prefix, content_type=config.content_type)
+        if msgs or close:
+            self.append(path, msgs or [], content_type=config.content_type, close=close)
+        return True, self.info(path, touch=False)
+
+    def _put_ref(self, key: str) -> bool:
+        """Create the registration object; False when it existed already."""
+        try:
+            self.store.options.retry.call(lambda: self.store.objects.put_if_absent(key, b""))
+            return True
+        except ObjectExistsError:
+            return False
+
+    def _drop_ref(self, key: str) -> None:
+        self.store.options.retry.call(lambda: self.store.objects.delete(key))
+
+    def _drop_ref_unless_forked(self, key: str, sid: str, config: StreamConfig) -> None:
+        """After a failed fork create: drop our registration unless the stream at that path is
+        a fork of the same source (whose registration it is too)."""
+        try:
+            header = self.store.headers.read(sid)
+            fork = header.config.get("fork") or {}
+            if fork.get("sid") == config.fork_sid and fork.get("inc") == config.fork_inc:
+                return
+        except SessionNotFoundError:
+            pass
+        self._drop_ref(key)
+
+    # --- state -------------------------------------------------------------------------------
+
+    def state(
+        self, path: str, *, refresh: bool = True, touch: bool = True, allow_gone: bool = False
+    ) -> StreamState:
+        """The stream's state, read up to its true tail.
+
+        ``StreamNotFoundError`` if there is none (or it expired), ``StreamGoneError`` if it
+        was deleted while forks read it (unless ``allow_gone``). ``touch``: this counts as an
+        access for a sliding TTL."""
+        sid = stream_session_id(path)
+        header = self._header(sid, path)
+        st = self._refreshed(header, refresh)
+        if st.deleted:
+            if allow_gone:
+                return st
+            self._collect(sid, header.incarnation)
+            raise StreamGoneError(f"stream {path!r} was deleted")
+        if self._expired(st):
+            self._delete_now(st)
+            if self._has_refs(st):
+                raise StreamGoneError(f"stream {path!r} expired")
+            raise StreamNotFoundError(f"stream {path!r} expired")
+        if touch:
+            self._touch(st)
+        return st
+
+    def _refreshed(self, header: Header, refresh: bool) -> StreamState:
+        sid = header.session_id
+        with self._lock:
+            st = self._states.get(sid)
+            if st is not None:
+                self._states.move_to_end(sid)
+        if st is None or st.header.incarnation != header.incarnation:
+            st = StreamState(header=header, config=_config_of(header, header.config.get("path", "")))
+        else:
+            st = _copy(st)
+        if refresh:
+            fresh, last = self.store.reader.read_after(sid, header, st.last_seq)
+            for seq, record in fresh:
+                st.fold(seq, record)
+            st.last_seq = max(st.last_seq, last)
+            self._remember(sid, st)
+        return st
+
+    def _header(self, sid: str, path: str) -> Header:
+        store = self.store
+        header = store.headers.cached(sid)
+        if header is not None:
+            try:
+                tail = store.coord.tail(sid)
+            except SessionStoreError:
+                tail = None
+            if tail is None or tail.inc != header.incarnation:
+                header = None
+        if header is None:
+            try:
+                header = store.headers.read(sid)
+            except SessionNotFoundError:
+                raise StreamNotFoundError(f"no stream {path!r}") from None
+        if header.kind != STREAM_KIND or header.config.get("path") != path:
+            raise StreamNotFoundError(f"no stream {path!r}")
+        return header
+
+    def _expired(self, st: StreamState) -> bool:
+        now = int(time.time() * 1000)
+        cfg = st.config
+        if cfg.expires_at_ms is not None and now >= cfg.expires_at_ms:
+            return True
+        if cfg.ttl_s is not None:
+            try:
+                last = self.store.coord.last_access(st.header.session_id, st.header.incarnation)
+            except SessionStoreError:
+                return False  # cannot tell: never expire a stream early
+            if last is None:
+                # Redis lost it (or never had it): count from now rather than expire early.
+                self._touch(st)
+                return False
+            return now >= last + cfg.ttl_s * 1000
+        return False
+
+    def _touch(self, st: StreamState) -> None:
+        if st.config.ttl_s is None:
+            return
+        try:
+            self.store.coord.touch_access(
+                st.header.session_id, st.header.incarnation, int(time.time() * 1000)
+            )
+        except SessionStoreError:
+            pass  # the TTL only slides later: never a reason to fail a read or a write
+
+    def _remember(self, sid: str, st: StreamState) -> None:
+        with self._lock:
+            cur = self._states.get(sid)
+            if cur is None or cur.header.incarnation != st.header.incarnation or cur.last_seq <= st.last_seq:
+                self._states[sid] = _copy(st)
+                self._states.move_to_end(sid)
+            while len(self._states) > self._cache_size:
+                self._states.popitem(last=False)
+
+    def _forget_state(self, sid: str) -> None:
+        with self._lock:
+            self._states.pop(sid, None)
+
+    def _sid_lock(self, sid: str) -> threading.Lock:
+        with self._lock:
+            lock = self._sid_locks.get(sid)
+            if lock is None:
+                if len(self._sid_locks) > 4 * self._cache_size:
+                    self._sid_locks.clear()
+                lock = self._sid_locks[sid] = threading.Lock()
+            return lock
+
+    # --- append ------------------------------------------------------------------------------
+
+    def append(
+        self,
+        path: str,
+        msgs: list[Any],
+        *,
+        content_type: str | None,
+        producer: Producer | None = None,
+        stream_seq: str | None = None,
+        close: bool = False,
+    ) -> AppendOutcome:
+        """Append ``msgs`` (JSON values, or one ``bytes`` for a non-JSON stream) as one batch;
+        ``close`` closes the stream with it (``msgs`` may then be empty).
+
+        Checks (closed, content type, producer epoch and sequence, Stream-Seq) are made
+        against the tail the append is then conditioned on, so they hold at the commit."""
+        sid = stream_session_id(path)
+        with self._sid_lock(sid):
+            for _ in range(MAX_CAS_ATTEMPTS):
+                st = self.state(path)
+                outcome = self._check(st, msgs, content_type, producer, stream_seq, close)
+                if outcome is not None:
+                    return outcome
+                record = self._record(st, msgs, producer, stream_seq, close)
+                if self._commit(st, record):
+                    return AppendOutcome(
+                        next_offset=st.tail,
+                        closed=st.closed,
+                        producer=st.producers.get(producer.id) if producer else None,
+                    )
+        raise ContentionError(f"stream {path!r}: the tail kept moving; retry")
+
+    def _commit(self, st: StreamState, record: dict[str, Any]) -> bool:
+        """Append ``record`` if the tail is still ``st``'s; fold it in. False if it moved."""
+        sid = st.header.session_id
+        try:
+            result = self.store.append_session_entries(sid, [record], st.last_id)
+        except (ConflictError, IdCollisionError):
+            # The tail moved (or the same producer batch was committed with other content
+            # by a concurrent request): check again against the new state.
+            return False
+        if result.seq != st.last_seq + 1:
+            # A re-send met its own earlier commit: the state has moved past it.
+            return False
+        st.fold(result.seq, record)
+        self._remember(sid, st)
+        return True
+
+    def _check(
+        self,
+        st: StreamState,
+        msgs: list[Any],
+        content_type: str | None,
+        producer: Producer | None,
+        stream_seq: str | None,
+        close: bool,
+    ) -> AppendOutcome | None:
+        """None when the append may go ahead; an outcome when it is a duplicate; raises when
+        it is refused."""
+        if st.closed:
+            if producer is not None and st.closed_by == (producer.id, producer.epoch, producer.seq):
+                cur = st.producers.get(producer.id)
+                return AppendOutcome(st.tail, True, duplicate=True, producer=cur)
+            if close and not msgs and producer is None:
+                return AppendOutcome(st.tail, True, duplicate=True)
+            if producer is not None:
+                cur = st.producers.get(producer.id)
+                if cur is not None and producer.epoch < cur[0]:
+                    raise StaleEpochError(f"producer epoch {producer.epoch} is stale", cur[0])
+            raise StreamClosedError(f"stream {st.config.path!r} is closed", str(st.tail))
+        if msgs and content_type is not None and media_type(content_type) != media_type(st.config.content_type):
+            raise ContentTypeMismatchError(
+                f"stream {st.config.path!r} holds {st.config.content_type}, not {content_type}"
+            )
+        if producer is not None:
+            cur = st.producers.get(producer.id)
+            if cur is not None:
+                epoch, seq = cur
+                if producer.epoch < epoch:
+                    raise StaleEpochError(f"producer epoch {producer.epoch} is stale", epoch)
+                if producer.epoch == epoch:
+                    if producer.seq <= seq:
+                        return AppendOutcome(st.tail, st.closed, duplicate=True, producer=cur)
+                    if producer.seq != seq + 1:
+                        raise ProducerSeqGapError("producer sequence gap", seq + 1, producer.seq)
+                elif producer.seq != 0:
+                    raise ProducerEpochSeqError("a new producer epoch starts at seq 0")
+            elif producer.seq != 0:
+                raise ProducerSeqGapError("producer sequence gap", 0, producer.seq)
+        if stream_seq is not None and st.stream_seq is not None and stream_seq.encode() <= st.stream_seq.encode():
+            raise StreamSeqConflictError(f"Stream-Seq {stream_seq!r} is not after {st.stream_seq!r}")
+        return None
+
+    def _record(
+        self,
+        st: StreamState,
+        msgs: list[Any],
+        producer: Producer | None,
+        stream_seq: str | None,
+        close: bool,
+    ) -> dict[str, Any]:
+        if producer is not None:
+            digest = hashlib.blake2b(
+                f"{producer.id}\0{producer.epoch}\0{producer.seq}".encode("utf-8", "surrogatepass"),
+                digest_size=16,
+            ).hexdigest()
+            rid = "p." + digest
+        else:
+            rid = uuid.uuid4().hex
+        payload = list(msgs) if st.config.json else [base64.b64encode(m).decode("ascii") for m in msgs]
+        record: dict[str, Any] = {
+            "type": BATCH_TYPE,
+            "id": rid,
+            "parentId": None,
+            "at": int(time.time() * 1000),
+            "msgs": payload,
+        }
+        if producer is not None:
+            record["producer"] = {"id": producer.id, "epoch": producer.epoch, "seq": producer.seq}
+        if stream_seq is not None:
+            record["streamSeq"] = stream_seq
+        if close:
+            record["close"] = True
+        return record
+
+    # --- read --------------------------------------------------------------------------------
+
+    def read(
+        self, path: str, offset: Offset | None, *, max_bytes: int = 4 << 20, touch: bool = True
+    ) -> ReadResult:
+        """The appends after ``offset`` (``None``: the tail), about ``max_bytes`` of them at
+        most (always at least one); ``up_to_date`` when the result reaches the tail."""
+        return self.read_info(path, offset, max_bytes=max_bytes, touch=touch)[0]
+
+    def read_info(
+        self, path: str, offset: Offset | None, *, max_bytes: int = 4 << 20, touch: bool = True
+    ) -> tuple[ReadResult, StreamInfo]:
+        """:meth:`read` and :meth:`info` of one look at the stream."""
+        st = self.state(path, touch=touch)
+        return self.read_state(st, offset, max_bytes=max_bytes), self._info(st)
+
+    def read_state(self, st: StreamState, offset: Offset | None, *, max_bytes: int = 4 << 20) -> ReadResult:
+        tail = st.tail
+        if offset is None or offset >= tail:
+            at = tail if offset is None else offset
+            return ReadResult([], at, True, st.closed and at >= tail, tail)
+        out: list[Batch] = []
+        budget = [max_bytes]
+        self._gather(st, offset, tail, out, budget)
+        if budget[0] <= 0 and out and out[-1].end < tail:
+            return ReadResult(out, out[-1].end, False, False, tail)
+        return ReadResult(out, tail, True, st.closed, tail)
+
+    def _gather(self, st: StreamState, start: Offset, end: Offset, out: list[Batch], budget: list[int]) -> None:
+        """Append the batches in [start, end) of ``st``'s stream, its fork source's first."""
+        cfg = st.config
+        base = cfg.base
+        if cfg.fork_offset is not None and start < cfg.fork_offset:
+            src = self._source_state(cfg)
+            self._gather(src, start, min(end, cfg.fork_offset), out, budget)
+            if budget[0] <= 0:
+                return
+            start = cfg.fork_offset
+        if start >= end:
+            return
+        own_from = max(1, start.vseq - base)
+        header = st.header
+        fresh, _ = self.store.reader.read_after(header.session_id, header, own_from - 1)
+        for seq, record in fresh:
+            vseq = base + seq
+            msgs = record.get("msgs") or ()
+            taken = [
+                (m if cfg.json else base64.b64decode(m))
+                for i, m in enumerate(msgs)
+                if start <= Offset(vseq, i) < end
+            ]
+            if not taken:
+                continue
+            end_off = min(Offset(vseq, len(msgs)), end)
+            out.append(Batch(end_off, taken))
+            budget[0] -= sum(_size(m) for m in taken)
+            if budget[0] <= 0:
+                return
+
+    def _first_batch_after(self, st: StreamState, offset: Offset) -> Batch | None:
+        out: list[Batch] = []
+        self._gather(st, offset, st.tail, out, [1])
+        return out[0] if out else None
+
+    def _source_state(self, cfg: StreamConfig) -> StreamState:
+        """The fork source's state as far as the fork point (its tombstone does not matter:
+        a fork reads what it inherited until it is deleted itself)."""
+        assert cfg.fork_sid is not None
+        header = self.store.headers.get(cfg.fork_sid)
+        if header.incarnation != cfg.fork_inc:
+            header = self.store.headers.read(cfg.fork_sid)
+            if header.incarnation != cfg.fork_inc:
+                raise StreamGoneError("the stream this fork was made from is gone")
+        return StreamState(header=header, config=_config_of(header, header.config.get("path", "")))
+
+    def info(self, path: str, *, touch: bool = False) -> StreamInfo:
+        return self._info(self.state(path, touch=touch))
+
+    def _info(self, st: StreamState) -> StreamInfo:
+        return StreamInfo(
+            st.config.path, st.header.session_id, st.config, st.tail, st.closed, st.header.created_at_ms
+        )
+
+    # --- delete and garbage ------------------------------------------------------------------
+
+    def delete(self, path: str) -> None:
+        """Delete a stream. While forks still read it, it is only marked deleted (410 for
+        everyone else); its data goes with its last fork."""
+        st = self.state(path, touch=False)
+        self._delete_now(st)
+
+    def _delete_now(self, st: StreamState) -> None:
+        sid = st.header.session_id
+        with self._sid_lock(sid):
+            for _ in range(MAX_CAS_ATTEMPTS):
+                if st.deleted:
+                    break
+                record = {
+                    "type": BATCH_TYPE,
+                    "id": uuid.uuid4().hex,
+                    "parentId": None,
+                    "at": int(time.time() * 1000),
+                    "msgs": [],
+                    "deleted": True,
+                }
+                # The tombstone first, the registrations after (see create): a fork
+                # registered after this sees the tombstone and backs out.
+                if self._commit(st, record):
+                    break
+                st = self._refreshed(st.header, True)
+            else:
+                raise ContentionError(f"stream {st.config.path!r}: the tail kept moving; retry")
+        self._collect(sid, st.header.incarnation)
+
+    def _has_refs(self, st: StreamState) -> bool:
+        prefix = self.store.layout.stream_refs_prefix(st.header.session_id, st.header.incarnation)
+        return any(True for _ in self.store.objects.list(prefix))
+
+    def _collect(self, sid: str, inc: str) -> None:
+        """Remove incarnation ``inc`` of ``sid`` if it is marked deleted and no live fork
+        reads it; then the same for the stream it was forked from."""
+        store = self.store
+        prefix = store.layout.stream_refs_prefix(sid, inc)
+        live = False
+        for info in list(store.objects.list(prefix)):
+            fork_sid = info.key.rsplit("/", 1)[-1]
+            if self._ref_alive(info.key, fork_sid, sid, inc):
+                live = True
+        if live:
+            return
+        try:
+            header = store.headers.read(sid)
+        except SessionNotFoundError:
+            return
+        if header.incarnation != inc:
+            return
+        st = self._refreshed(header, True)
+        if not st.deleted:
+            return
+        try:
+            store.delete_session(sid)
+        except SessionNotFoundError:
+            pass
+        self._forget_state(sid)
+        cfg = st.config
+        if cfg.fork_sid is not None and cfg.fork_inc is not None:
+            self._drop_ref(store.layout.stream_ref(cfg.fork_sid, cfg.fork_inc, sid))
+            self._collect(cfg.fork_sid, cfg.fork_inc)
+
+    def _ref_alive(self, key: str, fork_sid: str, sid: str, inc: str) -> bool:
+        """Does the fork this registration names still read (sid, inc)? Clears it if not."""
+        store = self.store
+        try:
+            header = store.headers.read(fork_sid)
+        except SessionNotFoundError:
+            header = None
+        if header is not None:
+            fork = header.config.get("fork") or {}
+            if header.kind == STREAM_KIND and fork.get("sid") == sid and fork.get("inc") == inc:
+                st = self._refreshed(header, True)
+                if st.deleted or self._expired(st):
+                    self._delete_now(st)  # expired or dead: its own delete drops this ref
+                    return store.objects.head(key) is not None
+                return True
+        else:
+            try:
+                obj = store.options.retry.call(lambda: store.objects.get(key))
+            except ObjectNotFoundError:
+                return False
+            made = obj.last_modified_ms
+            if made is None or int(time.time() * 1000) - made < REF_GRACE_MS:
+                return True  # a fork being created right now
+        self._drop_ref(key)
+        return False
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, (bytes, bytearray, str)):
+        return len(value)
+    return 64
+
+
+def _config_of(header: Header, path: str) -> StreamConfig:
+    try:
+        return StreamConfig.from_json(header.config)
+    except (KeyError, TypeError, ValueError, InvalidInputError):
+        raise StreamNotFoundError(f"no stream {path!r}") from None
+
+
+def _copy(st: StreamState) -> StreamState:
+    return replace(st, producers=dict(st.producers))
+
+
+def _same_config(a: StreamConfig, b: StreamConfig, compare_offset: bool) -> bool:
+    """Would creating ``b`` where ``a`` is be the same create? (The fork offset only when
+    the request gave one.)"""
+    return (
+        media_type(a.content_type) == media_type(b.content_type)
+        and a.ttl_s == b.ttl_s
+        and a.expires_at_ms == b.expires_at_ms
+        and a.fork_sid == b.fork_sid
+        and (not compare_offset or a.fork_offset == b.fork_offset)
+        and a.fork_sub == b.fork_sub
+        and a.created_closed == b.created_closed
+    )
+
+
+__all__ = [
+    "BATCH_TYPE",
+    "STREAM_KIND",
+    "AppendOutcome",
+    "Batch",
+    "ContentTypeMismatchError",
+    "InvalidOffsetError",
+    "Offset",
+    "Producer",
+    "ProducerEpochSeqError",
+    "ProducerSeqGapError",
+    "ReadResult",
+    "StaleEpochError",
+    "StreamClosedError",
+    "StreamConfig",
+    "StreamError",
+    "StreamExistsError",
+    "StreamGoneError",
+    "StreamInfo",
+    "StreamNotFoundError",
+    "StreamSeqConflictError",
+    "Streams",
+    "stream_session_id",
+]
