@@ -112,6 +112,17 @@ class StreamClosedError(StreamError):
         self.next_offset = next_offset
 
 
+class TailMismatchError(StreamError):
+    """``If-Match`` named another tail: nothing was written."""
+
+    status = 412
+    code = "tail-mismatch"
+
+    def __init__(self, message: str, actual: str) -> None:
+        super().__init__(message)
+        self.actual = actual
+
+
 class StreamSeqConflictError(StreamError):
     status = 409
     code = "stream-seq-conflict"
@@ -635,17 +646,24 @@ class Streams:
         producer: Producer | None = None,
         stream_seq: str | None = None,
         close: bool = False,
+        expected_tail: Offset | None = None,
     ) -> AppendOutcome:
         """Append ``msgs`` (JSON values, or one ``bytes`` for a non-JSON stream) as one batch;
         ``close`` closes the stream with it (``msgs`` may then be empty).
 
         Checks (closed, content type, producer epoch and sequence, Stream-Seq) are made
-        against the tail the append is then conditioned on, so they hold at the commit."""
+        against the tail the append is then conditioned on, so they hold at the commit.
+        ``expected_tail``: append only if the stream's tail is this offset
+        (``TailMismatchError`` with the actual one otherwise)."""
         sid = stream_session_id(path)
         with self._sid_lock(sid):
             for _ in range(MAX_CAS_ATTEMPTS):
                 st = self.state(path)
                 outcome = self._check(st, msgs, content_type, producer, stream_seq, close)
+                if outcome is None and expected_tail is not None and st.tail != expected_tail:
+                    raise TailMismatchError(
+                        f"the tail is {st.tail}, not {expected_tail}", str(st.tail)
+                    )
                 if outcome is not None:
                     return outcome
                 record = self._record(st, msgs, producer, stream_seq, close)
@@ -978,6 +996,7 @@ __all__ = [
     "StreamInfo",
     "StreamNotFoundError",
     "StreamSeqConflictError",
+    "TailMismatchError",
     "Streams",
     "stream_session_id",
 ]

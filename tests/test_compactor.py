@@ -24,6 +24,7 @@ import orjson
 import pytest
 
 from compactor import Compactor, CompactorOptions, Worker, WorkerOptions
+from harness.pausing import FakeClock
 
 from coordination.jobs import JobQueue
 from coordination.redis import Coordinator
@@ -39,23 +40,6 @@ GRACE_MS = 60_000
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-class FakeClock:
-    """Epoch ms that moves only when told to; starts at the real time (headers carry real
-    creation times, which GC compares with this clock)."""
-
-    def __init__(self) -> None:
-        self.ms = int(time.time() * 1000)
-        self._lock = threading.Lock()
-
-    def __call__(self) -> int:
-        with self._lock:
-            return self.ms
-
-    def advance(self, ms: int) -> None:
-        with self._lock:
-            self.ms += ms
 
 
 def entry(eid: str, parent: str | None, text: str = "") -> dict[str, Any]:

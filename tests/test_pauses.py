@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.pausing import FakeClock, InThread, Pause
 from history import Op, attempt, check_history, load_ops
 
 from compactor import Compactor, CompactorOptions
@@ -33,68 +34,6 @@ from store.errors import (
 from store.retry import RetryPolicy
 
 GRACE_MS = 60_000
-
-
-class FakeClock:
-    """Epoch ms that moves only when told to (starts at the real time)."""
-
-    def __init__(self) -> None:
-        self.ms = int(time.time() * 1000)
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def advance(self, ms: int) -> None:
-        self.ms += ms
-
-
-class Pause:
-    """A fault hook that stops the calling thread at one point until released."""
-
-    def __init__(self, point: str, when: Callable[[dict[str, Any]], bool] = lambda ctx: True) -> None:
-        self.point = point
-        self.when = when
-        self.reached = threading.Event()
-        self.go = threading.Event()
-        self.fired = False
-        self.seen: list[tuple[str, dict[str, Any]]] = []
-
-    def __call__(self, point: str, ctx: dict[str, Any]) -> None:
-        self.seen.append((point, dict(ctx)))
-        if point == self.point and not self.fired and self.when(ctx):
-            self.fired = True
-            self.reached.set()
-            assert self.go.wait(120), "never released"
-
-    def wait_paused(self) -> None:
-        assert self.reached.wait(60), f"never reached {self.point}"
-
-    def release(self) -> None:
-        self.go.set()
-
-
-class InThread:
-    """Run ``fn`` in a thread; ``result()`` returns its value or raises its exception."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                self._value = fn()
-            except BaseException as exc:  # noqa: BLE001 - handed to the test
-                self._error = exc
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-
-    def result(self, timeout: float = 120) -> Any:
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), "the paused operation never finished"
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 def entry(eid: str, parent: str | None) -> dict[str, Any]:

@@ -177,6 +177,11 @@ def _add_serve_command(add: _Add) -> None:
                    help="how long a long-poll waits at the tail before answering 204 (default %(default)s)")
     p.add_argument("--sse-max", type=float, default=60.0, metavar="SECONDS",
                    help="how long one SSE response stays open; clients reconnect (default %(default)s)")
+    p.add_argument("--tokens", metavar="FILE",
+                   help='bearer tokens per tenant, JSON {"tenants": {"acme": ["TOKEN", ...]}} '
+                        "(env SESSIONSTORE_TOKENS=acme:TOKEN,...); without tokens: loopback only")
+    p.add_argument("--max-body", type=int, default=12 * 1024 * 1024, metavar="BYTES",
+                   help="largest request body (default %(default)s; more is 413)")
 
 
 def _add_removal_commands(add: _Add) -> None:

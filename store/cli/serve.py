@@ -6,8 +6,9 @@ import argparse
 import ipaddress
 import logging
 
-from store.cli.ctx import Ctx
 from store.cli.common import err
+from store.cli.ctx import Ctx
+from store.errors import InvalidInputError
 
 
 def cmd_serve(args: argparse.Namespace, ctx: Ctx) -> int:
@@ -19,14 +20,26 @@ def cmd_serve(args: argparse.Namespace, ctx: Ctx) -> int:
         from store.http.app import StreamService
     except ImportError as exc:  # the http extra is not installed
         raise SystemExit(f"sessionstore serve needs the http extra: pip install 'sessionstore[http]' ({exc})")
+    from store.http.auth import ENV_TOKENS, Tokens
+
     host = args.host
-    if not _loopback(host):
-        err(f"serving on {host}: anyone who can reach it can read and write every stream "
-            "(no tokens are configured)")
+    tokens = Tokens.configured(args.tokens)
+    if tokens is None:
+        if not _loopback(host):
+            raise InvalidInputError(
+                f"no tokens are configured (--tokens FILE or {ENV_TOKENS}): sessionstore serve "
+                f"listens on loopback only, not on {host}"
+            )
+        err("no tokens configured: listening on loopback only; every local client may read "
+            "and write every stream")
+    else:
+        err(f"{len(tokens.by_digest)} token(s) configured: each reaches its tenant's streams only")
     service = StreamService(
         ctx.store,
         long_poll_s=args.long_poll_timeout,
         sse_max_s=args.sse_max,
+        max_body=args.max_body,
+        tokens=tokens,
     )
     err(f"serving Durable Streams at http://{host}:{args.port}/v1/stream/ (Ctrl-C to stop)")
     logging.basicConfig(level=logging.WARNING)

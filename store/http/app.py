@@ -45,23 +45,24 @@ from store.errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
+from store.http.auth import Tokens, may_access
 from store.http.notify import Notifier
 from store.streams import (
     START,
     AppendOutcome,
     Batch,
-    InvalidOffsetError,
     Offset,
     Producer,
+    ProducerSeqGapError,
     ReadResult,
     StaleEpochError,
     StreamClosedError,
     StreamError,
     StreamInfo,
     Streams,
+    TailMismatchError,
     is_json_type,
     media_type,
-    ProducerSeqGapError,
     stream_session_id,
 )
 
@@ -128,9 +129,13 @@ class StreamService:
         sse_max_s: float = DEFAULT_SSE_MAX_S,
         max_body: int = DEFAULT_MAX_BODY,
         max_read: int = DEFAULT_MAX_READ,
+        max_messages: int = 10_000,
         threads: int = 32,
+        tokens: Tokens | None = None,
     ) -> None:
         self.store = store
+        self.tokens = tokens
+        self.max_messages = max_messages
         self.streams = Streams(store)
         self.notifier = Notifier(store.coord)
         self.long_poll_s = long_poll_s
@@ -177,6 +182,7 @@ class StreamService:
             method = request.method
             if method == "OPTIONS":
                 return Response(status_code=204)
+            self._authorize(request, path)
             if method == "PUT":
                 return await self.put(request, path)
             if method == "POST":
@@ -188,6 +194,8 @@ class StreamService:
             return await self.delete(request, path)
         except HttpError as exc:
             return _problem(exc.status, exc.code, exc.detail, exc.headers)
+        except TailMismatchError as exc:
+            return _problem(412, exc.code, str(exc), {"Stream-Next-Offset": exc.actual})
         except StreamClosedError as exc:
             return _problem(409, exc.code, str(exc), {
                 "Stream-Closed": "true", "Stream-Next-Offset": exc.next_offset,
@@ -214,6 +222,23 @@ class StreamService:
         except SessionStoreError as exc:
             log.exception("request failed")
             return _problem(500, "internal", type(exc).__name__)
+
+    def _authorize(self, request: Request, path: str) -> None:
+        """401 without a known token, 403 for a stream (or fork source) of another tenant."""
+        if self.tokens is None:
+            return
+        tenant = self.tokens.tenant_of(request.headers.get("authorization"))
+        if tenant is None:
+            raise HttpError(401, "unauthorized", "a bearer token is needed",
+                            {"WWW-Authenticate": 'Bearer realm="sessionstore"'})
+        names = [path[len(STREAM_ROOT):]]
+        source = request.headers.get("stream-forked-from")
+        if source is not None:
+            src = _stream_path(source)
+            names.append(src[len(STREAM_ROOT):] if src.startswith(STREAM_ROOT) else "")
+        for name in names:
+            if not may_access(tenant, name):
+                raise HttpError(403, "forbidden", "this token's tenant does not own that stream")
 
     # --- PUT: create and fork ------------------------------------------------------------------
 
@@ -242,8 +267,9 @@ class StreamService:
         content_type = h.get("content-type") or None
         body = await self._body(request)
         msgs = _messages(body, content_type, allow_empty_array=True) if body else []
-        if fork_from is not None and fork_from.startswith("http"):
-            fork_from = "/" + fork_from.split("://", 1)[-1].split("/", 1)[-1]
+        if fork_from is not None:
+            fork_from = _stream_path(fork_from)
+        self._check_count(msgs)
         created, info = await self._run(
             self.streams.create,
             path,
@@ -277,6 +303,8 @@ class StreamService:
         if body and content_type is None:
             raise HttpError(400, "bad-request", "an append needs a Content-Type")
         msgs = _messages(body, content_type, allow_empty_array=False) if body else []
+        self._check_count(msgs)
+        expected = _if_match(h.get("if-match"))
         outcome: AppendOutcome = await self._run(
             self.streams.append,
             path,
@@ -285,6 +313,7 @@ class StreamService:
             producer=producer,
             stream_seq=stream_seq,
             close=close,
+            expected_tail=expected,
         )
         headers = {"Stream-Next-Offset": str(outcome.next_offset)}
         if outcome.closed:
@@ -453,6 +482,10 @@ class StreamService:
             raise HttpError(413, "too-large", f"the body is over {self.max_body} bytes")
         return b"".join(chunks)
 
+    def _check_count(self, msgs: list[Any]) -> None:
+        if len(msgs) > self.max_messages:
+            raise HttpError(413, "too-large", f"{len(msgs)} messages in one append; the limit is {self.max_messages}")
+
     def _info_headers(self, info: StreamInfo) -> dict[str, str]:
         headers = {"content-type": info.config.content_type, "Stream-Next-Offset": str(info.tail)}
         if info.closed:
@@ -506,6 +539,26 @@ def _problem(status: int, code: str, detail: str, headers: dict[str, str] | None
     all_headers = {"content-type": "application/problem+json"}
     all_headers.update(headers or {})
     return Response(body, status_code=status, headers=all_headers)
+
+
+def _stream_path(value: str) -> str:
+    """A stream named by path or by URL, as a path."""
+    if "://" in value:
+        value = "/" + value.split("://", 1)[1].partition("/")[2]
+    return value
+
+
+def _if_match(value: str | None) -> Offset | None:
+    """``If-Match: "<offset>"``: the tail an append expects (``"-1"``: an empty stream)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.startswith("W/"):
+        text = text[2:]
+    text = text.strip('"')
+    if not _OFFSET_PARAM.fullmatch(text) or text == "now":
+        raise HttpError(400, "bad-request", 'If-Match is a quoted offset: "<Stream-Next-Offset>"')
+    return START if text == "-1" else Offset.parse(text)
 
 
 def _flag(value: str | None) -> bool:

@@ -1,0 +1,377 @@
+"""The HTTP service (``store/http/``) over real HTTP on real S3 and Redis: what the Durable
+Streams conformance suite (tests/test_http_conformance.py) cannot see: two servers and two
+clients on one stream, a reader cut off and reconnected, a producer paused past the
+compactor's grace period, tenants, and every bad input writing nothing."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from harness.asgi_server import AsgiServer
+from harness.pausing import FakeClock, InThread, Pause
+
+from compactor import Compactor, CompactorOptions
+from store import SessionStore
+from store.http.app import StreamService
+from store.http.auth import Tokens
+from store.streams import Offset, stream_session_id
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = "/v1/stream/"
+
+
+@pytest.fixture
+def serve(make_store: Callable[..., SessionStore]) -> Iterator[Callable[..., tuple[StreamService, str]]]:
+    """``serve(**service_options)`` -> (service, base url): a StreamService on a store of its
+    own (sharing only S3 and Redis with the others), behind uvicorn on a free port."""
+    servers: list[AsgiServer] = []
+
+    def make(store_options: dict[str, Any] | None = None, **options: Any) -> tuple[StreamService, str]:
+        service = StreamService(make_store(**(store_options or {})), **options)
+        server = AsgiServer(service.app).start()
+        servers.append(server)
+        return service, server.url
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def read_all(client: httpx.Client, url: str, offset: str = "-1") -> tuple[bytes, str]:
+    """Every byte from ``offset``, following Stream-Next-Offset until up to date."""
+    out = b""
+    while True:
+        r = client.get(url, params={"offset": offset})
+        assert r.status_code == 200, r.text
+        out += r.content
+        offset = r.headers["stream-next-offset"]
+        if r.headers.get("stream-up-to-date") == "true":
+            return out, offset
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+
+TOKENS = Tokens.parse_env("acme:tok-acme,beta:tok-beta")
+ACME = {"authorization": "Bearer tok-acme"}
+
+
+def _cases(json_url: str, text_url: str, beta_url: str) -> list[tuple[str, dict[str, Any], int, str]]:
+    """(what, request, status, problem code)."""
+    return [
+        ("malformed JSON", dict(method="POST", url=json_url, content=b"{nope",
+                                headers={**ACME, "content-type": "application/json"}), 400, "invalid-json"),
+        ("empty body", dict(method="POST", url=text_url, content=b"",
+                            headers={**ACME, "content-type": "text/plain"}), 400, "empty-body"),
+        ("empty JSON array", dict(method="POST", url=json_url, content=b"[]",
+                                  headers={**ACME, "content-type": "application/json"}), 400, "empty-body"),
+        ("oversized body", dict(method="POST", url=text_url, content=b"x" * 5000,
+                                headers={**ACME, "content-type": "text/plain"}), 413, "too-large"),
+        ("too many messages", dict(method="POST", url=json_url, content=b"[" + b",".join([b"1"] * 11) + b"]",
+                                   headers={**ACME, "content-type": "application/json"}), 413, "too-large"),
+        ("bad offset", dict(method="GET", url=text_url, params={"offset": "12,3"}, headers=ACME), 400,
+         "invalid-offset"),
+        ("offset with a newline", dict(method="GET", url=text_url, params={"offset": "0_0\n"}, headers=ACME),
+         400, "invalid-offset"),
+        ("unknown stream", dict(method="POST", url=text_url + "-nope", content=b"x",
+                                headers={**ACME, "content-type": "text/plain"}), 404, "stream-not-found"),
+        ("wrong content type", dict(method="POST", url=text_url, content=b"x",
+                                    headers={**ACME, "content-type": "application/octet-stream"}), 409,
+         "content-type-mismatch"),
+        ("no content type", dict(method="POST", url=text_url, content=b"x", headers=ACME), 400, "bad-request"),
+        ("wrong tenant (read)", dict(method="GET", url=beta_url, headers=ACME), 403, "forbidden"),
+        ("wrong tenant (append)", dict(method="POST", url=beta_url, content=b"x",
+                                       headers={**ACME, "content-type": "text/plain"}), 403, "forbidden"),
+        ("wrong tenant (fork from)", dict(method="PUT", url=text_url + "-fork",
+                                          headers={**ACME, "stream-forked-from": ROOT + "beta/text"}),
+         403, "forbidden"),
+        ("missing token", dict(method="GET", url=text_url), 401, "unauthorized"),
+        ("unknown token", dict(method="GET", url=text_url, headers={"authorization": "Bearer nope"}), 401,
+         "unauthorized"),
+        ("producer headers incomplete", dict(method="POST", url=text_url, content=b"x",
+                                             headers={**ACME, "content-type": "text/plain", "producer-id": "p"}),
+         400, "bad-request"),
+        ("producer seq not a number", dict(method="POST", url=text_url, content=b"x",
+                                           headers={**ACME, "content-type": "text/plain", "producer-id": "p",
+                                                    "producer-epoch": "0", "producer-seq": "1e3"}), 400,
+         "bad-request"),
+        ("If-Match not the tail", dict(method="POST", url=text_url, content=b"x",
+                                       headers={**ACME, "content-type": "text/plain",
+                                                "if-match": '"0000000000000000_0000000000000000"'}), 412,
+         "tail-mismatch"),
+        ("If-Match not an offset", dict(method="POST", url=text_url, content=b"x",
+                                        headers={**ACME, "content-type": "text/plain", "if-match": '"x"'}), 400,
+         "bad-request"),
+        ("TTL and Expires-At", dict(method="PUT", url=text_url + "-ttl",
+                                    headers={**ACME, "stream-ttl": "60",
+                                             "stream-expires-at": "2030-01-01T00:00:00Z"}), 400, "bad-request"),
+        ("fork offset beyond the tail", dict(method="PUT", url=text_url + "-fork2",
+                                             headers={**ACME, "stream-forked-from": ROOT + "acme/text",
+                                                      "stream-fork-offset": "9999999999999999_9999999999999999"}),
+         400, "invalid-offset"),
+    ]
+
+
+def test_every_bad_input_gets_its_status_and_problem_and_writes_nothing(serve) -> None:
+    service, base = serve(tokens=TOKENS, max_body=4096, max_messages=10)
+    json_url, text_url, beta_url = (base + ROOT + p for p in ("acme/json", "acme/text", "beta/text"))
+    beta = {"authorization": "Bearer tok-beta"}
+    with httpx.Client(timeout=30) as c:
+        assert c.put(json_url, headers={**ACME, "content-type": "application/json"}, content=b'[{"a":1}]').status_code == 201
+        assert c.put(text_url, headers={**ACME, "content-type": "text/plain"}, content=b"hello").status_code == 201
+        assert c.put(beta_url, headers={**beta, "content-type": "text/plain"}, content=b"beta's").status_code == 201
+
+        def snapshot() -> list[tuple[bytes, str]]:
+            return [read_all(c.__class__(headers=h, timeout=30), u)
+                    for u, h in ((json_url, ACME), (text_url, ACME), (beta_url, beta))]
+
+        before = snapshot()
+        cases = _cases(json_url, text_url, beta_url)
+        assert len(cases) > 15
+        for what, request, status, code in cases:
+            r = c.request(**request)
+            assert r.status_code == status, (what, r.status_code, r.text)
+            assert r.headers["content-type"] == "application/problem+json", what
+            problem = r.json()
+            assert problem["status"] == status and problem["code"] == code, (what, problem)
+            assert problem["detail"], what
+            assert r.headers["x-content-type-options"] == "nosniff", what
+            assert snapshot() == before, f"{what} changed a stream"
+        for path in ("acme/text-nope", "acme/text-fork", "acme/text-ttl", "acme/text-fork2"):
+            assert c.head(base + ROOT + path, headers=ACME).status_code == 404, path
+
+
+def test_without_tokens_the_service_refuses_to_listen_beyond_loopback(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "store.cli", "--objects", str(tmp_path / "o"), "serve", "--host", "0.0.0.0",
+         "--port", "1"],
+        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "SESSIONSTORE_TOKENS": ""},
+    )
+    assert r.returncode != 0
+    assert "loopback only" in r.stderr
+
+
+# --- two servers, two clients ------------------------------------------------------------------
+
+
+def test_two_servers_two_clients_lose_nothing_and_order_one_way(serve) -> None:
+    """Without If-Match: every acknowledged append is read back exactly once, where its
+    Stream-Next-Offset says, through either server."""
+    _, a = serve()
+    _, b = serve()
+    path = ROOT + "shared"
+    with httpx.Client(timeout=30) as c:
+        assert c.put(a + path, headers={"content-type": "text/plain"}).status_code == 201
+    acked: list[tuple[str, bytes]] = []
+    lock = threading.Lock()
+
+    def client(name: str) -> None:
+        with httpx.Client(timeout=30) as c:
+            for i in range(25):
+                body = f"<{name}{i}>".encode()
+                r = c.post((a if i % 2 else b) + path, content=body, headers={"content-type": "text/plain"})
+                assert r.status_code == 204, r.text
+                with lock:
+                    acked.append((r.headers["stream-next-offset"], body))
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in ("x", "y")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(acked) == 50
+    offsets = [o for o, _ in acked]
+    assert len(set(offsets)) == 50, "two appends were given the same position"
+    expected = b"".join(body for _, body in sorted(acked))
+    with httpx.Client(timeout=30) as c:
+        for server in (a, b):
+            data, tail = read_all(c, server + path)
+            assert data == expected
+            assert tail == max(offsets)
+
+
+def test_two_servers_two_clients_with_if_match_form_one_chain(serve) -> None:
+    """With If-Match: an append succeeds only on the tail it names, so the successful
+    appends form one chain (each names the previous one's offset) and the losers get 412
+    with the actual tail, having written nothing."""
+    _, a = serve()
+    _, b = serve()
+    path = ROOT + "cas"
+    with httpx.Client(timeout=30) as c:
+        assert c.put(a + path, headers={"content-type": "text/plain"}).status_code == 201
+    wins: list[tuple[str, str, bytes]] = []
+    refused = [0]
+    lock = threading.Lock()
+
+    def client(name: str, server: str) -> None:
+        with httpx.Client(timeout=30) as c:
+            tail = c.head(server + path).headers["stream-next-offset"]
+            done = 0
+            while done < 15:
+                body = f"<{name}{done}>".encode()
+                r = c.post(server + path, content=body,
+                           headers={"content-type": "text/plain", "if-match": f'"{tail}"'})
+                if r.status_code == 412:
+                    assert r.headers["content-type"] == "application/problem+json"
+                    tail = r.headers["stream-next-offset"]
+                    with lock:
+                        refused[0] += 1
+                    continue
+                assert r.status_code == 204, r.text
+                with lock:
+                    wins.append((tail, r.headers["stream-next-offset"], body))
+                tail = r.headers["stream-next-offset"]
+                done += 1
+
+    threads = [threading.Thread(target=client, args=a_) for a_ in (("x", a), ("y", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    chain = sorted(wins, key=lambda w: w[1])
+    assert chain[0][0] == str(Offset(0, 0))
+    for prev, cur in zip(chain, chain[1:]):
+        assert cur[0] == prev[1], "an append was accepted on a tail that had moved"
+    with httpx.Client(timeout=30) as c:
+        data, _ = read_all(c, b + path)
+    assert data == b"".join(w[2] for w in chain)
+    assert len(chain) == 30
+
+
+# --- a reader cut off and reconnected ---------------------------------------------------------
+
+
+def _sse_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
+    event, data = "", []
+    for line in lines:
+        if line == "":
+            if event:
+                yield event, "\n".join(data)
+            event, data = "", []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:])
+
+
+def test_sse_reader_killed_and_reconnected_misses_nothing_and_repeats_nothing(serve) -> None:
+    _, a = serve()
+    _, b = serve(sse_max_s=5.0)
+    path = ROOT + "follow"
+    n = 120
+    with httpx.Client(timeout=30) as c:
+        assert c.put(a + path, headers={"content-type": "application/json"}).status_code == 201
+
+    def writer() -> None:
+        with httpx.Client(timeout=30) as c:
+            for i in range(n):
+                r = c.post(a + path, content=json.dumps({"i": i}).encode(),
+                           headers={"content-type": "application/json"})
+                assert r.status_code == 204
+
+    w = InThread(writer)
+    got: list[int] = []
+    offset = "-1"
+    cuts = 0
+    while len(got) < n:
+        # Read a few events, then drop the connection without a word (a killed reader), and
+        # come back from the last offset a control event confirmed.
+        with httpx.Client(timeout=30) as c, c.stream("GET", b + path, params={"offset": offset, "live": "sse"}) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"] == "text/event-stream"
+            pending: list[int] = []
+            seen = 0
+            for event, data in _sse_events(r.iter_lines()):
+                if event == "data":
+                    pending = [m["i"] for m in json.loads(data)]
+                elif event == "control":
+                    ctrl = json.loads(data)
+                    got.extend(pending)
+                    pending = []
+                    offset = ctrl["streamNextOffset"]
+                    seen += 1
+                    if seen >= 7 or len(got) >= n:
+                        break
+        cuts += 1
+    w.result()
+    assert got == list(range(n)), "a message was missed or repeated across reconnects"
+    assert cuts > 3
+
+
+# --- a producer paused past the compactor's grace period --------------------------------------
+
+
+def test_producer_paused_past_compaction_grace_is_fenced_and_nothing_it_sent_shows(serve, make_store) -> None:
+    """A server paused inside a producer's append (its checks passed, its segment not yet
+    written) while the producer's newer epoch writes and compaction retires and deletes the
+    slot it is about to fill: when it carries on, its segment is refused as a zombie, its
+    checks run again against the new tail, and the client gets 403 with the current epoch."""
+    path = ROOT + "fenced"
+    sid = stream_session_id(path)
+    pause = Pause("append.before_put", when=lambda ctx: ctx.get("session_id") == sid and ctx.get("seq") == 3)
+    zombie_service, z = serve(store_options={"fault_hook": pause})
+    _, b = serve()
+    hdr = {"content-type": "text/plain", "producer-id": "writer-1"}
+    with httpx.Client(timeout=60) as c:
+        assert c.put(b + path, headers={"content-type": "text/plain"}).status_code == 201
+        for seq in (0, 1):
+            r = c.post(b + path, content=f"e0s{seq};".encode(),
+                       headers={**hdr, "producer-epoch": "0", "producer-seq": str(seq)})
+            assert r.status_code == 200, r.text
+        # The old epoch's next append: checked against tail seq 2, then paused before its PUT.
+        stale = InThread(lambda: httpx.post(z + path, content=b"ZOMBIE;", timeout=120,
+                                            headers={**hdr, "producer-epoch": "0", "producer-seq": "2"}))
+        pause.wait_paused()
+        # A newer epoch takes over through the other server: segment 3.
+        r = c.post(b + path, content=b"e1s0;", headers={**hdr, "producer-epoch": "1", "producer-seq": "0"})
+        assert r.status_code == 200, r.text
+        # Compaction retires segments 1..3 and GC, past the grace period, deletes them: the
+        # slot the paused writer is about to PUT is free again.
+        clock = FakeClock()
+        compactor = Compactor(make_store(), CompactorOptions(grace_ms=60_000, worker="t"), now=clock)
+        assert compactor.compact_session(sid).outcome == "compacted"
+        clock.advance(60_001)
+        compactor.gc_session(sid)
+        store = zombie_service.store
+        inc = store.get_header(sid).incarnation
+        assert store.objects.head(store.layout.segment(sid, inc, 3)) is None
+        pause.release()
+        r = stale.result()
+        assert r.status_code == 403, r.text
+        assert r.headers["producer-epoch"] == "1"
+        assert r.headers["content-type"] == "application/problem+json"
+        assert any(p == "append.zombie" for p, _ in pause.seen), "the paused PUT was not refused as a zombie"
+        for server in (b, z):
+            data, _ = read_all(c, server + path)
+            assert data == b"e0s0;e0s1;e1s0;"
+        # ...and the epoch-0 producer stays fenced.
+        r = c.post(b + path, content=b"late;", headers={**hdr, "producer-epoch": "0", "producer-seq": "3"})
+        assert r.status_code == 403
+
+
+# --- binary and JSON through the wire -----------------------------------------------------------
+
+
+def test_binary_is_byte_exact_and_sse_sends_it_as_base64(serve) -> None:
+    _, a = serve()
+    path = ROOT + "bin"
+    blob = bytes(range(256)) * 4
+    with httpx.Client(timeout=30) as c:
+        assert c.put(a + path, headers={"content-type": "application/octet-stream"}, content=blob).status_code == 201
+        assert read_all(c, a + path)[0] == blob
+        with c.stream("GET", a + path, params={"offset": "-1", "live": "sse"}) as r:
+            assert r.headers["stream-sse-data-encoding"] == "base64"
+            for event, data in _sse_events(r.iter_lines()):
+                if event == "data":
+                    assert base64.b64decode(data) == blob
+                    break
