@@ -357,7 +357,12 @@ class SessionStore:
         return SessionManager(self, check_session_id(session_id), strict=strict)
 
     def branch_from_entry(
-        self, session_id: str, from_entry_id: str, new_session_id: str | None = None
+        self,
+        session_id: str,
+        from_entry_id: str,
+        new_session_id: str | None = None,
+        *,
+        config: dict[str, Any] | None = None,
     ) -> SessionHandle:
         """Fork: a new session whose history is the source's path root..``from_entry_id``.
 
@@ -385,7 +390,7 @@ class SessionStore:
             "parentSession": sid,
         }
         fork = ForkPoint(sid, source.header.incarnation, from_entry_id, seq)
-        return self.create_session(new_sid, pi_header=pi_header, fork=fork)
+        return self.create_session(new_sid, pi_header=pi_header, fork=fork, config=config)
 
     def redact(self, session_id: str, entry_id: str, reason: str) -> AppendResult:
         """Hide an entry's content from every reader; the compactor later purges it.

@@ -53,12 +53,16 @@ from store.errors import (
     SessionStoreError,
 )
 from store.layout import SESSION_ID_RE
+from store.model.rules import REDACTION_TYPE
 from store.records import EMPTY_TAIL, Header
 
 if TYPE_CHECKING:
     from store.core import SessionStore
 
 STREAM_KIND = "stream"
+#: A pi session read and written as a stream of entries (``store/model/``'s rules hold).
+PI_KIND = "pi"
+SESSION_CONTENT_TYPE = "application/json"
 BATCH_TYPE = "stream.batch"
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 OFFSET_WIDTH = 16
@@ -118,9 +122,11 @@ class TailMismatchError(StreamError):
     status = 412
     code = "tail-mismatch"
 
-    def __init__(self, message: str, actual: str) -> None:
+    def __init__(self, message: str, actual: str, *, entry_id: str | None = None) -> None:
         super().__init__(message)
         self.actual = actual
+        #: A session's actual tail entry id ("" for none).
+        self.entry_id = entry_id
 
 
 class StreamSeqConflictError(StreamError):
@@ -280,14 +286,29 @@ class StreamState:
     closed_by: tuple[str, int, int] | None = None
     #: Deleted while forks still read it: gone for everyone else (410).
     deleted: bool = False
+    #: A pi session's entries inherited from the session it was forked from (offsets
+    #: ``(0, i)``), or -1 until counted.
+    inherited: int = -1
+
+    @property
+    def pi(self) -> bool:
+        return self.header.kind == PI_KIND
 
     @property
     def tail(self) -> Offset:
         if self.last_seq == 0:
+            if self.pi:
+                return Offset(0, max(0, self.inherited))
             return self.config.fork_offset or START
         return Offset(self.config.base + self.last_seq, self.last_count)
 
     def fold(self, seq: int, record: dict[str, Any]) -> None:
+        if self.pi:
+            # One entry a record: count the entries of the last segment.
+            self.last_count = self.last_count + 1 if seq == self.last_seq else 1
+            self.last_seq = seq
+            self.last_id = str(record["id"])
+            return
         self.last_seq = seq
         self.last_id = str(record["id"])
         self.last_count = len(record.get("msgs") or ())
@@ -379,14 +400,23 @@ class Streams:
         fork_sub: int = 0,
         msgs: list[Any] | None = None,
         close: bool = False,
+        kind: str = STREAM_KIND,
+        cwd: str | None = None,
     ) -> tuple[bool, StreamInfo]:
         """Create a stream, or find it created with the same settings: ``(created, info)``.
+
+        ``kind=PI_KIND`` creates a pi session (``msgs``: its first entries; ``cwd`` in its
+        header) readable and writable as a stream of entries.
 
         ``StreamExistsError`` when it exists with other settings (or was deleted while forks
         still read it). A fork (``fork_from``) reads its source up to ``fork_offset`` (default:
         the source's tail), then the first ``fork_sub`` bytes (JSON: values) of the source's
         next append, copied, then its own appends; nothing else is copied."""
         sid = stream_session_id(path)
+        if kind == PI_KIND:
+            return self._create_session(sid, path, msgs, cwd, content_type, fork_from, ttl_s, expires_at_ms, close)
+        if kind != STREAM_KIND:
+            raise StreamError(f"unknown stream kind {kind!r}")
         if fork_from is None:
             config = StreamConfig(
                 path=path,
@@ -465,6 +495,34 @@ class Streams:
             info = self.info(path)
         return created, info
 
+    def _create_session(
+        self,
+        sid: str,
+        path: str,
+        entries: list[Any] | None,
+        cwd: str | None,
+        content_type: str | None,
+        fork_from: str | None,
+        ttl_s: int | None,
+        expires_at_ms: int | None,
+        close: bool,
+    ) -> tuple[bool, StreamInfo]:
+        if fork_from is not None or ttl_s is not None or expires_at_ms is not None or close:
+            raise StreamError("a session is created without fork, TTL or close headers "
+                              "(fork one with the :fork action)")
+        if content_type is not None and media_type(content_type) != SESSION_CONTENT_TYPE:
+            raise ContentTypeMismatchError("a session holds application/json entries")
+        try:
+            self.store.create_session(sid, cwd=cwd, kind=PI_KIND, config={"path": path})
+        except SessionExistsError:
+            existing = self.state(path, touch=False)
+            if not existing.pi:
+                raise StreamExistsError(f"{path!r} is a stream, not a session") from None
+            return False, self._info(existing)
+        if entries:
+            self.append(path, entries, content_type=SESSION_CONTENT_TYPE)
+        return True, self.info(path)
+
     def _create(
         self,
         sid: str,
@@ -485,6 +543,8 @@ class Streams:
                 raise StreamExistsError(f"stream {path!r} is being replaced; retry") from None
             if existing.deleted:
                 raise StreamExistsError(f"stream {path!r} was deleted while forks read it") from None
+            if existing.pi:
+                raise StreamExistsError(f"{path!r} is a session, not a stream") from None
             if not _same_config(existing.config, config, requested_offset) or existing.closed != (
                 existing.closed and config.created_closed
             ):
@@ -559,6 +619,16 @@ class Streams:
             st = StreamState(header=header, config=_config_of(header, header.config.get("path", "")))
         else:
             st = _copy(st)
+        if refresh and st.pi and st.inherited < 0:
+            data = self.store.reader.read_session(sid)
+            if data.header.incarnation != header.incarnation:
+                raise StreamNotFoundError(f"no stream {st.config.path!r}")
+            st.inherited = len(data.inherited)
+            for seq, entry in zip(data.seqs, data.entries):
+                st.fold(seq, entry)
+            st.last_seq = max(st.last_seq, data.seq)
+            self._remember(sid, st)
+            return st
         if refresh:
             fresh, last = self.store.reader.read_after(sid, header, st.last_seq)
             for seq, record in fresh:
@@ -566,6 +636,10 @@ class Streams:
             st.last_seq = max(st.last_seq, last)
             self._remember(sid, st)
         return st
+
+    def header_of(self, path: str) -> Header:
+        """The header of the stream or session named ``path`` (``StreamNotFoundError``)."""
+        return self._header(stream_session_id(path), path)
 
     def _header(self, sid: str, path: str) -> Header:
         store = self.store
@@ -582,7 +656,16 @@ class Streams:
                 header = store.headers.read(sid)
             except SessionNotFoundError:
                 raise StreamNotFoundError(f"no stream {path!r}") from None
-        if header.kind != STREAM_KIND or header.config.get("path") != path:
+        if header.kind == STREAM_KIND:
+            if header.config.get("path") != path:
+                raise StreamNotFoundError(f"no stream {path!r}")
+        elif header.kind == PI_KIND:
+            # A session is a stream too: under the name it was created with over HTTP, or
+            # under its own id.
+            # (An imported session has no recorded name: its id is the name's.)
+            if header.config.get("path", path) != path:
+                raise StreamNotFoundError(f"no stream {path!r}")
+        else:
             raise StreamNotFoundError(f"no stream {path!r}")
         return header
 
@@ -646,24 +729,26 @@ class Streams:
         producer: Producer | None = None,
         stream_seq: str | None = None,
         close: bool = False,
-        expected_tail: Offset | None = None,
+        if_match: str | None = None,
     ) -> AppendOutcome:
         """Append ``msgs`` (JSON values, or one ``bytes`` for a non-JSON stream) as one batch;
         ``close`` closes the stream with it (``msgs`` may then be empty).
 
         Checks (closed, content type, producer epoch and sequence, Stream-Seq) are made
         against the tail the append is then conditioned on, so they hold at the commit.
-        ``expected_tail``: append only if the stream's tail is this offset
-        (``TailMismatchError`` with the actual one otherwise)."""
+        ``if_match``: append only if the tail is this offset (a session: this entry id, ``""``
+        for none); ``TailMismatchError`` with the actual one otherwise."""
         sid = stream_session_id(path)
         with self._sid_lock(sid):
             for _ in range(MAX_CAS_ATTEMPTS):
                 st = self.state(path)
+                if st.pi:
+                    return self._append_entries(st, msgs, content_type, producer, stream_seq, close, if_match)
                 outcome = self._check(st, msgs, content_type, producer, stream_seq, close)
-                if outcome is None and expected_tail is not None and st.tail != expected_tail:
-                    raise TailMismatchError(
-                        f"the tail is {st.tail}, not {expected_tail}", str(st.tail)
-                    )
+                if outcome is None and if_match is not None:
+                    expected = START if if_match == "-1" else Offset.parse(if_match)
+                    if st.tail != expected:
+                        raise TailMismatchError(f"the tail is {st.tail}, not {expected}", str(st.tail))
                 if outcome is not None:
                     return outcome
                 record = self._record(st, msgs, producer, stream_seq, close)
@@ -674,6 +759,39 @@ class Streams:
                         producer=st.producers.get(producer.id) if producer else None,
                     )
         raise ContentionError(f"stream {path!r}: the tail kept moving; retry")
+
+    def _append_entries(
+        self,
+        st: StreamState,
+        entries: list[Any],
+        content_type: str | None,
+        producer: Producer | None,
+        stream_seq: str | None,
+        close: bool,
+        if_match: str | None,
+    ) -> AppendOutcome:
+        """A session's append: the store's own, entry ids the idempotency key (a re-sent
+        batch returns its first result), ``if_match`` the expected tail entry id."""
+        if producer is not None or stream_seq is not None or close:
+            raise StreamError(
+                "a session takes entry ids as its idempotency key and is never closed: "
+                "no Producer-*, Stream-Seq or Stream-Closed"
+            )
+        if content_type is not None and media_type(content_type) != SESSION_CONTENT_TYPE:
+            raise ContentTypeMismatchError(f"session {st.config.path!r} holds application/json entries")
+        if not entries:
+            raise StreamError("an append needs at least one entry")
+        sid = st.header.session_id
+        try:
+            result = self.store.append_session_entries(sid, entries, if_match)
+        except ConflictError as exc:
+            now = self._refreshed(st.header, True)
+            raise TailMismatchError(
+                f"the tail entry is {exc.actual_tail_entry_id!r}, not {if_match!r}",
+                str(now.tail),
+                entry_id=exc.actual_tail_entry_id or "",
+            ) from None
+        return AppendOutcome(next_offset=Offset(result.seq, result.appended_count), closed=False)
 
     def _commit(self, st: StreamState, record: dict[str, Any]) -> bool:
         """Append ``record`` if the tail is still ``st``'s; fold it in. False if it moved."""
@@ -798,6 +916,9 @@ class Streams:
 
     def _gather(self, st: StreamState, start: Offset, end: Offset, out: list[Batch], budget: list[int]) -> None:
         """Append the batches in [start, end) of ``st``'s stream, its fork source's first."""
+        if st.pi:
+            self._gather_entries(st, start, end, out, budget)
+            return
         cfg = st.config
         base = cfg.base
         if cfg.fork_offset is not None and start < cfg.fork_offset:
@@ -826,6 +947,41 @@ class Streams:
             budget[0] -= sum(_size(m) for m in taken)
             if budget[0] <= 0:
                 return
+
+    def _gather_entries(
+        self, st: StreamState, start: Offset, end: Offset, out: list[Batch], budget: list[int]
+    ) -> None:
+        """A session's entries in [start, end), one batch a segment; redacted entries as the
+        tombstones every reader sees (``SessionStore.load_session_entries``)."""
+        data = self.store.reader.read_session(st.header.session_id)
+        if data.header.incarnation != st.header.incarnation:
+            raise StreamNotFoundError(f"no stream {st.config.path!r}")
+        entries = data.all_entries
+        if any(e.get("type") == REDACTION_TYPE for e in entries):
+            from store.model.session import Session
+
+            entries = list(Session({}, entries, validated=True).entries)
+        seqs = [0] * len(data.inherited) + list(data.seqs)
+        counts: dict[int, int] = {}
+        for seq in seqs:
+            counts[seq] = counts.get(seq, 0) + 1
+        index = 0
+        current: list[Any] = []
+        prev = -1
+        for entry, seq in zip(entries, seqs):
+            index = index + 1 if seq == prev else 0
+            if prev != -1 and seq != prev and current:
+                out.append(Batch(min(Offset(prev, counts[prev]), end), current))
+                current = []
+                if budget[0] <= 0:
+                    return
+            prev = seq
+            off = Offset(seq, index)
+            if start <= off < end:
+                current.append(entry)
+                budget[0] -= 256
+        if current:
+            out.append(Batch(min(Offset(prev, counts[prev]), end), current))
 
     def _first_batch_after(self, st: StreamState, offset: Offset) -> Batch | None:
         out: list[Batch] = []
@@ -861,6 +1017,13 @@ class Streams:
 
     def _delete_now(self, st: StreamState) -> None:
         sid = st.header.session_id
+        if st.pi:
+            try:
+                self.store.delete_session(sid)
+            except SessionNotFoundError:
+                raise StreamNotFoundError(f"no stream {st.config.path!r}") from None
+            self._forget_state(sid)
+            return
         with self._sid_lock(sid):
             for _ in range(MAX_CAS_ATTEMPTS):
                 if st.deleted:
@@ -951,6 +1114,8 @@ def _size(value: Any) -> int:
 
 
 def _config_of(header: Header, path: str) -> StreamConfig:
+    if header.kind == PI_KIND:
+        return StreamConfig(path=header.config.get("path", header.session_id), content_type=SESSION_CONTENT_TYPE)
     try:
         return StreamConfig.from_json(header.config)
     except (KeyError, TypeError, ValueError, InvalidInputError):
@@ -977,6 +1142,8 @@ def _same_config(a: StreamConfig, b: StreamConfig, compare_offset: bool) -> bool
 
 __all__ = [
     "BATCH_TYPE",
+    "PI_KIND",
+    "SESSION_CONTENT_TYPE",
     "STREAM_KIND",
     "AppendOutcome",
     "Batch",

@@ -108,6 +108,9 @@ def _cases(json_url: str, text_url: str, beta_url: str) -> list[tuple[str, dict[
          "tail-mismatch"),
         ("If-Match not an offset", dict(method="POST", url=text_url, content=b"x",
                                         headers={**ACME, "content-type": "text/plain", "if-match": '"x"'}), 400,
+         "invalid-offset"),
+        ("If-Match not quoted", dict(method="POST", url=text_url, content=b"x",
+                                     headers={**ACME, "content-type": "text/plain", "if-match": "x"}), 400,
          "bad-request"),
         ("TTL and Expires-At", dict(method="PUT", url=text_url + "-ttl",
                                     headers={**ACME, "stream-ttl": "60",
@@ -375,3 +378,118 @@ def test_binary_is_byte_exact_and_sse_sends_it_as_base64(serve) -> None:
                 if event == "data":
                     assert base64.b64decode(data) == blob
                     break
+
+
+# --- sessions over the same protocol -------------------------------------------------------------
+
+
+def _entry(eid: str, parent: str | None, text: str = "hi") -> dict[str, Any]:
+    return {"type": "message", "id": eid, "parentId": parent, "timestamp": "2026-11-24T00:00:00.000Z",
+            "message": {"role": "user", "content": text}}
+
+
+def test_a_session_is_a_stream_with_entry_ids_as_its_idempotency_key(serve) -> None:
+    _, a = serve()
+    _, b = serve()
+    url_a, url_b = a + ROOT + "s1", b + ROOT + "s1"
+    js = {"content-type": "application/json"}
+    with httpx.Client(timeout=30) as c:
+        r = c.put(url_a, headers={**js, "stream-kind": "session", "session-cwd": "/work"},
+                  content=json.dumps([_entry("e1", None)]))
+        assert r.status_code == 201, r.text
+        assert c.put(url_b, headers={**js, "stream-kind": "session"}).status_code == 200
+        # A plain stream of that name is another thing: refused.
+        assert c.put(url_b, headers=js).status_code == 409
+        # If-Match names the tail entry: the loser of a race gets 412 and the real tail.
+        r = c.post(url_a, headers={**js, "if-match": '"e1"'}, content=json.dumps(_entry("e2", "e1")))
+        assert r.status_code == 204, r.text
+        first = r.headers["stream-next-offset"]
+        r = c.post(url_b, headers={**js, "if-match": '"e1"'}, content=json.dumps(_entry("x2", "e1")))
+        assert r.status_code == 412
+        assert r.headers["session-tail-entry-id"] == "e2"
+        assert r.headers["stream-next-offset"] == first
+        # A re-send of the committed batch (an unknown outcome retried) is answered with the
+        # original position and writes nothing; the same id with other content is refused.
+        r = c.post(url_b, headers=js, content=json.dumps(_entry("e2", "e1")))
+        assert (r.status_code, r.headers["stream-next-offset"]) == (204, first)
+        r = c.post(url_b, headers=js, content=json.dumps(_entry("e2", "e1", "other")))
+        assert (r.status_code, r.json()["code"]) == (409, "id-collision")
+        # The session model's rules hold: a message entry without a message is refused.
+        r = c.post(url_b, headers=js, content=json.dumps({"type": "message", "id": "bad", "parentId": "e2"}))
+        assert r.status_code == 400 and r.json()["code"] == "bad-request"
+        r = c.post(url_b, headers={**js, "producer-id": "p", "producer-epoch": "0", "producer-seq": "0"},
+                   content=json.dumps(_entry("e3", "e2")))
+        assert r.status_code == 400
+        # Readers see entries; any Durable Streams reader can follow from an offset.
+        r = c.get(url_b, params={"offset": "-1"})
+        assert [e["id"] for e in r.json()] == ["e1", "e2"]
+        stale = InThread(lambda: httpx.get(url_a, params={"offset": r.headers["stream-next-offset"],
+                                                          "live": "long-poll"}, timeout=30))
+        c.post(url_b, headers=js, content=json.dumps([_entry("e3", "e2"), _entry("e4", "e3")]))
+        woke = stale.result()
+        assert woke.status_code in (200, 204)
+        if woke.status_code == 200:
+            assert [e["id"] for e in woke.json()] == ["e3", "e4"]
+        assert [e["id"] for e in c.get(url_a, params={"offset": "-1"}).json()] == ["e1", "e2", "e3", "e4"]
+
+
+def test_session_extras_list_context_fork_redact_export_import(serve) -> None:
+    _, a = serve(tokens=TOKENS)
+    js = {"content-type": "application/json"}
+    acme, beta = {**ACME, **js}, {"authorization": "Bearer tok-beta", **js}
+    with httpx.Client(timeout=30) as c:
+        for i in range(5):
+            entries = [_entry(f"a{i}-1", None, f"question {i}"), _entry(f"a{i}-2", f"a{i}-1", f"more {i}")]
+            r = c.put(a + ROOT + f"acme/chat-{i}", headers={**acme, "stream-kind": "session"},
+                      content=json.dumps(entries))
+            assert r.status_code == 201
+        assert c.put(a + ROOT + "beta/chat", headers={**beta, "stream-kind": "session"}).status_code == 201
+        assert c.put(a + ROOT + "acme/plain", headers=acme).status_code == 201  # a stream: not listed
+        # Pages of two, in a stable order, each session once, only the tenant's own.
+        names, cursor = [], None
+        while True:
+            params = {"limit": "2", **({"after": cursor} if cursor else {})}
+            page = c.get(a + "/v1/sessions", params=params, headers=ACME).json()
+            assert len(page["sessions"]) <= 2
+            names += [s["name"] for s in page["sessions"]]
+            for s in page["sessions"]:
+                assert s["entries"] == 2 and s["fork_of"] is None and s["created_at_ms"] > 0
+            cursor = page["next"]
+            if cursor is None:
+                break
+        assert sorted(names) == [f"acme/chat-{i}" for i in range(5)]
+        assert len(names) == 5
+        assert [s["name"] for s in c.get(a + "/v1/sessions", headers=beta).json()["sessions"]] == ["beta/chat"]
+        assert c.get(a + "/v1/sessions", params={"limit": "0"}, headers=ACME).status_code == 400
+        # Context at a leaf.
+        ctx = c.get(a + "/v1/sessions/acme/chat-0:context", params={"leaf": "a0-1"}, headers=ACME).json()
+        assert [m["content"] for m in ctx["messages"]] == ["question 0"]
+        assert c.get(a + "/v1/sessions/beta/chat:context", headers=ACME).status_code == 403
+        # Fork from an entry: a new session, nothing copied, listed with its origin.
+        r = c.post(a + "/v1/sessions/acme/chat-0:fork", headers=ACME,
+                   content=json.dumps({"entry_id": "a0-1", "name": "acme/chat-0-b"}))
+        assert r.status_code == 201 and r.headers["location"].endswith("/v1/stream/acme/chat-0-b")
+        assert [e["id"] for e in c.get(r.headers["location"], params={"offset": "-1"}, headers=ACME).json()] == ["a0-1"]
+        r = c.post(a + "/v1/sessions/acme/chat-0:fork", headers=ACME,
+                   content=json.dumps({"entry_id": "a0-1", "name": "beta/stolen"}))
+        assert r.status_code == 403
+        r = c.post(a + "/v1/sessions/acme/chat-0:fork", headers=ACME,
+                   content=json.dumps({"entry_id": "nope", "name": "acme/x"}))
+        assert (r.status_code, r.json()["code"]) == (404, "entry-not-found")
+        # Redact: every reader sees a tombstone.
+        r = c.post(a + "/v1/sessions/acme/chat-1:redact", headers=ACME,
+                   content=json.dumps({"entry_id": "a1-2", "reason": "pii"}))
+        assert r.status_code == 200
+        entries = c.get(a + ROOT + "acme/chat-1", params={"offset": "-1"}, headers=ACME).json()
+        assert "message" not in entries[1] and entries[1]["redacted"]["reason"] == "pii"
+        # Export as a pi file, import it under another name: the same entries.
+        pi_file = c.get(a + "/v1/sessions/acme/chat-2:export", headers=ACME)
+        assert pi_file.headers["content-type"] == "application/x-ndjson"
+        assert json.loads(pi_file.text.splitlines()[0])["type"] == "session"
+        r = c.put(a + "/v1/sessions/acme/copy:import", headers=ACME, content=pi_file.content)
+        assert r.status_code == 201, r.text
+        copy = c.get(a + ROOT + "acme/copy", params={"offset": "-1"}, headers=ACME).json()
+        orig = c.get(a + ROOT + "acme/chat-2", params={"offset": "-1"}, headers=ACME).json()
+        assert copy == orig
+        assert c.get(a + "/v1/sessions/acme/plain:context", headers=ACME).status_code == 404
+        assert c.get(a + "/v1/sessions/acme/chat-0:nonsense", headers=ACME).status_code == 404

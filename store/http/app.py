@@ -40,13 +40,18 @@ from store.errors import (
     BackendUnavailableError,
     BatchTooLargeError,
     ContentionError,
+    EntryNotFoundError,
+    IdCollisionError,
     IndeterminateError,
     InvalidInputError,
+    SessionExistsError,
     SessionNotFoundError,
     SessionStoreError,
+    UnknownParentError,
 )
 from store.http.auth import Tokens, may_access
 from store.http.notify import Notifier
+from store.http.sessions import SESSIONS_ROOT, SessionRoutes
 from store.streams import (
     START,
     AppendOutcome,
@@ -144,9 +149,12 @@ class StreamService:
         self.max_read = max_read
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sessionstore-http")
         methods = ["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS"]
+        self.sessions = SessionRoutes(self)
         self.app = Starlette(
             routes=[
                 Route(STREAM_ROOT + "{name:path}", self.handle, methods=methods),
+                Route(SESSIONS_ROOT, self._guarded(self.sessions.list), methods=["GET", "OPTIONS"]),
+                Route(SESSIONS_ROOT + "/{rest:path}", self._guarded(self.sessions.action), methods=methods),
                 Route("/healthz", self.health, methods=["GET"]),
             ],
             lifespan=self._lifespan,
@@ -163,11 +171,23 @@ class StreamService:
 
     def close(self) -> None:
         self.notifier.close()
+        self.sessions.close()
         self._pool.shutdown(wait=True)
 
-    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` on this service's threads (the store is synchronous)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    _run = run
+
+    def _guarded(self, handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            if request.method == "OPTIONS":
+                return Response(status_code=204)
+            return await self._answer(request, lambda: handler(request))
+
+        return endpoint
 
     # --- dispatch ------------------------------------------------------------------------------
 
@@ -175,13 +195,15 @@ class StreamService:
         return Response(b"ok\n", headers={"content-type": "text/plain"})
 
     async def handle(self, request: Request) -> Response:
-        path = request.url.path
-        try:
-            if not request.path_params.get("name"):
+        # Streams are named by the rest of the path: /v1/stream/acme/chat-1 is "acme/chat-1".
+        path = request.url.path[len(STREAM_ROOT):]
+        method = request.method
+        if method == "OPTIONS":
+            return Response(status_code=204)
+
+        async def dispatch() -> Response:
+            if not path:
                 raise HttpError(404, "stream-not-found", "no stream named")
-            method = request.method
-            if method == "OPTIONS":
-                return Response(status_code=204)
             self._authorize(request, path)
             if method == "PUT":
                 return await self.put(request, path)
@@ -192,10 +214,20 @@ class StreamService:
             if method == "HEAD":
                 return await self.head(request, path)
             return await self.delete(request, path)
+
+        return await self._answer(request, dispatch)
+
+    async def _answer(self, request: Request, respond: Callable[[], Any]) -> Response:
+        """``await respond()``, every refusal turned into its status and problem document."""
+        try:
+            return await respond()
         except HttpError as exc:
             return _problem(exc.status, exc.code, exc.detail, exc.headers)
         except TailMismatchError as exc:
-            return _problem(412, exc.code, str(exc), {"Stream-Next-Offset": exc.actual})
+            headers = {"Stream-Next-Offset": exc.actual}
+            if exc.entry_id is not None:
+                headers["Session-Tail-Entry-Id"] = exc.entry_id
+            return _problem(412, exc.code, str(exc), headers)
         except StreamClosedError as exc:
             return _problem(409, exc.code, str(exc), {
                 "Stream-Closed": "true", "Stream-Next-Offset": exc.next_offset,
@@ -210,6 +242,14 @@ class StreamService:
             return _problem(exc.status, exc.code, str(exc))
         except BatchTooLargeError as exc:
             return _problem(413, "too-large", str(exc))
+        except EntryNotFoundError as exc:
+            return _problem(404, "entry-not-found", str(exc))
+        except SessionExistsError as exc:
+            return _problem(409, "stream-exists", str(exc))
+        except IdCollisionError as exc:
+            return _problem(409, "id-collision", str(exc))
+        except UnknownParentError as exc:
+            return _problem(409, "unknown-parent", str(exc))
         except SessionNotFoundError as exc:
             return _problem(404, "stream-not-found", str(exc))
         except InvalidInputError as exc:
@@ -223,22 +263,32 @@ class StreamService:
             log.exception("request failed")
             return _problem(500, "internal", type(exc).__name__)
 
-    def _authorize(self, request: Request, path: str) -> None:
-        """401 without a known token, 403 for a stream (or fork source) of another tenant."""
+    def tenant_of(self, request: Request) -> str | None:
+        """The request's tenant (None when no tokens are configured: everyone is everything);
+        401 without a known token."""
         if self.tokens is None:
-            return
+            return None
         tenant = self.tokens.tenant_of(request.headers.get("authorization"))
         if tenant is None:
             raise HttpError(401, "unauthorized", "a bearer token is needed",
                             {"WWW-Authenticate": 'Bearer realm="sessionstore"'})
-        names = [path[len(STREAM_ROOT):]]
+        return tenant
+
+    @staticmethod
+    def may_access(tenant: str, name: str) -> bool:
+        return may_access(tenant, name)
+
+    def authorize_name(self, request: Request, name: str) -> None:
+        """401 without a known token, 403 for a stream of another tenant."""
+        tenant = self.tenant_of(request)
+        if tenant is not None and not may_access(tenant, name):
+            raise HttpError(403, "forbidden", "this token's tenant does not own that stream")
+
+    def _authorize(self, request: Request, path: str) -> None:
+        self.authorize_name(request, path)
         source = request.headers.get("stream-forked-from")
         if source is not None:
-            src = _stream_path(source)
-            names.append(src[len(STREAM_ROOT):] if src.startswith(STREAM_ROOT) else "")
-        for name in names:
-            if not may_access(tenant, name):
-                raise HttpError(403, "forbidden", "this token's tenant does not own that stream")
+            self.authorize_name(request, _stream_name(source))
 
     # --- PUT: create and fork ------------------------------------------------------------------
 
@@ -268,8 +318,13 @@ class StreamService:
         body = await self._body(request)
         msgs = _messages(body, content_type, allow_empty_array=True) if body else []
         if fork_from is not None:
-            fork_from = _stream_path(fork_from)
+            fork_from = _stream_name(fork_from)
         self._check_count(msgs)
+        kind = (h.get("stream-kind") or "stream").strip().lower()
+        if kind == "session":
+            kind = "pi"
+        if kind not in ("stream", "pi"):
+            raise HttpError(400, "bad-request", "Stream-Kind is stream or session")
         created, info = await self._run(
             self.streams.create,
             path,
@@ -282,6 +337,8 @@ class StreamService:
             fork_sub=fork_sub,
             msgs=msgs,
             close=close,
+            kind=kind,
+            cwd=h.get("session-cwd"),
         )
         headers = self._info_headers(info)
         if created:
@@ -304,7 +361,7 @@ class StreamService:
             raise HttpError(400, "bad-request", "an append needs a Content-Type")
         msgs = _messages(body, content_type, allow_empty_array=False) if body else []
         self._check_count(msgs)
-        expected = _if_match(h.get("if-match"))
+        if_match = _if_match(h.get("if-match"))
         outcome: AppendOutcome = await self._run(
             self.streams.append,
             path,
@@ -313,7 +370,7 @@ class StreamService:
             producer=producer,
             stream_seq=stream_seq,
             close=close,
-            expected_tail=expected,
+            if_match=if_match,
         )
         headers = {"Stream-Next-Offset": str(outcome.next_offset)}
         if outcome.closed:
@@ -465,6 +522,9 @@ class StreamService:
 
     # --- helpers ------------------------------------------------------------------------------
 
+    async def read_body(self, request: Request) -> bytes:
+        return await self._body(request)
+
     async def _body(self, request: Request) -> bytes:
         """The whole body, or 413 after draining it (answering while a client still sends
         would reset its connection)."""
@@ -541,24 +601,24 @@ def _problem(status: int, code: str, detail: str, headers: dict[str, str] | None
     return Response(body, status_code=status, headers=all_headers)
 
 
-def _stream_path(value: str) -> str:
-    """A stream named by path or by URL, as a path."""
+def _stream_name(value: str) -> str:
+    """The name of a stream given by path (``/v1/stream/<name>``) or URL."""
     if "://" in value:
         value = "/" + value.split("://", 1)[1].partition("/")[2]
-    return value
+    if not value.startswith(STREAM_ROOT) or len(value) == len(STREAM_ROOT):
+        raise HttpError(400, "bad-request", f"a stream is named {STREAM_ROOT}<name>")
+    return value[len(STREAM_ROOT):]
 
 
-def _if_match(value: str | None) -> Offset | None:
-    """``If-Match: "<offset>"``: the tail an append expects (``"-1"``: an empty stream)."""
+def _if_match(value: str | None) -> str | None:
+    """``If-Match: "<tail>"``: the tail an append expects, an offset (``"-1"``: an empty
+    stream) or, for a session, an entry id (``""``: no entry yet)."""
     if value is None:
         return None
     text = value.strip()
-    if text.startswith("W/"):
-        text = text[2:]
-    text = text.strip('"')
-    if not _OFFSET_PARAM.fullmatch(text) or text == "now":
-        raise HttpError(400, "bad-request", 'If-Match is a quoted offset: "<Stream-Next-Offset>"')
-    return START if text == "-1" else Offset.parse(text)
+    if len(text) < 2 or not (text.startswith('"') and text.endswith('"')):
+        raise HttpError(400, "bad-request", 'If-Match is quoted: "<Stream-Next-Offset>" or "<entry id>"')
+    return text[1:-1]
 
 
 def _flag(value: str | None) -> bool:
