@@ -320,7 +320,7 @@ def test_producer_paused_past_compaction_grace_is_fenced_and_nothing_it_sent_sho
     slot it is about to fill: when it carries on, its segment is refused as a zombie, its
     checks run again against the new tail, and the client gets 403 with the current epoch."""
     path = ROOT + "fenced"
-    sid = stream_session_id(path)
+    sid = stream_session_id("fenced")
     pause = Pause("append.before_put", when=lambda ctx: ctx.get("session_id") == sid and ctx.get("seq") == 3)
     zombie_service, z = serve(store_options={"fault_hook": pause})
     _, b = serve()
