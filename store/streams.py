@@ -904,9 +904,12 @@ class Streams:
 
     def read_state(self, st: StreamState, offset: Offset | None, *, max_bytes: int = 4 << 20) -> ReadResult:
         tail = st.tail
-        if offset is None or offset >= tail:
-            at = tail if offset is None else offset
-            return ReadResult([], at, True, st.closed and at >= tail, tail)
+        if offset is not None and offset > tail:
+            # Never handed out by this incarnation (the tail only grows): an offset of an
+            # earlier life of the stream, whose positions name other data now.
+            raise InvalidOffsetError(f"offset {offset} is beyond the stream's tail {tail}")
+        if offset is None or offset == tail:
+            return ReadResult([], tail, True, st.closed, tail)
         out: list[Batch] = []
         budget = [max_bytes]
         self._gather(st, offset, tail, out, budget)

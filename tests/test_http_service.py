@@ -493,3 +493,23 @@ def test_session_extras_list_context_fork_redact_export_import(serve) -> None:
         assert copy == orig
         assert c.get(a + "/v1/sessions/acme/plain:context", headers=ACME).status_code == 404
         assert c.get(a + "/v1/sessions/acme/chat-0:nonsense", headers=ACME).status_code == 404
+
+
+def test_a_recreated_stream_never_serves_the_old_incarnation_through_another_server(serve) -> None:
+    _, a = serve()
+    _, b = serve()
+    path = ROOT + "reborn"
+    text = {"content-type": "text/plain"}
+    with httpx.Client(timeout=30) as c:
+        assert c.put(a + path, headers=text, content=b"old life;").status_code == 201
+        c.post(a + path, headers=text, content=b"more old;")
+        old, old_tail = read_all(c, b + path)  # b now caches the old incarnation
+        assert old == b"old life;more old;"
+        assert c.delete(a + path).status_code == 204
+        assert c.get(b + path).status_code == 404
+        assert c.put(a + path, headers=text, content=b"new").status_code == 201
+        assert read_all(c, b + path)[0] == b"new"
+        # An offset past the new life's tail (the old life was longer) is refused, not read
+        # as a position that the new life may reach later.
+        r = c.get(b + path, params={"offset": old_tail})
+        assert (r.status_code, r.json()["code"]) == (400, "invalid-offset")
