@@ -31,8 +31,9 @@ from benchmarks.results import (
 )
 
 SCENARIOS = ("append", "writers", "resume", "compaction", "curve", "local", "aio")
-#: Run only when named with --only: the frameworks' own backends beside their adapters.
-OPTIONAL_SCENARIOS = ("peers",)
+#: Run only when named with --only: the frameworks' own backends beside their adapters, and
+#: the HTTP service against the library and the protocol's reference server (extras needed).
+OPTIONAL_SCENARIOS = ("peers", "http")
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -121,6 +122,12 @@ def expected_figures(params: dict[str, Any], compaction: bool) -> list[str]:
     return names
 
 
+def _http_figures(params: dict[str, Any], compaction: bool) -> list[str]:
+    from benchmarks.scenarios.http import expected_figures as http_figures
+
+    return http_figures(params, compaction)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     params = Params.smoke() if args.smoke else Params.full() if args.full else Params()
@@ -174,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.scenarios import peers
 
         steps.append(("peers", lambda: peers.run(ctx)))
+    if "http" in only:
+        from benchmarks.scenarios import http
+
+        steps.append(("http", lambda: http.run(ctx)))
 
     status = 0
     try:
@@ -208,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             "params": params.to_json(),
             "scenarios": sorted(only),
             "compaction_api": compaction_api.description,
-            "expected_figures": expected_figures(params.to_json(), compacted) if only == set(SCENARIOS) else [],
+            "expected_figures": (expected_figures(params.to_json(), compacted) if only == set(SCENARIOS) else [])
+            + (_http_figures(params.to_json(), compaction_api.available) if "http" in only else []),
         }
         plot_note: str | None = "not drawn (--no-plot or an incomplete run)"
         png = args.out / f"{run_id}.png"

@@ -42,6 +42,15 @@ class Params:
     aio_sessions: int = 10
     aio_appends: int = 5
     aio_redis_calls: int = 2000
+    #: HTTP service (--only http): single appends per side (open loop) after a warm-up, of
+    #: bodies of this size; catch-up read of a JSON stream of this many messages, appended in
+    #: batches, timed this many times per side.
+    http_appends: int = 300
+    http_append_warmup: int = 20
+    http_body_bytes: int = 100
+    http_read_messages: int = 10_000
+    http_read_batch: int = 100
+    http_read_reps: int = 6
     seed: int = 1
 
     @classmethod
@@ -66,6 +75,11 @@ class Params:
             aio_sessions=2,
             aio_appends=2,
             aio_redis_calls=100,
+            http_appends=6,
+            http_append_warmup=3,
+            http_read_messages=200,
+            http_read_batch=50,
+            http_read_reps=2,
         )
 
     @classmethod

@@ -301,6 +301,14 @@ class Coordinator:
             self._call(lambda: self._retired(keys=[self.keys.tail(sid)], args=[inc, through_seq]))
         )
 
+    def retired_through(self, sid: str, inc: str) -> int | None:
+        """The last segment slot a manifest of ``inc`` retired (``cseq``), as Redis knows it;
+        None when Redis holds no state of that incarnation. A read: fences nothing."""
+        got = self._call(lambda: self.client.hmget(self.keys.tail(sid), ["inc", "cseq"]))
+        if got[0] is None or _s(got[0]) != inc:
+            return None
+        return int(_s(got[1])) if got[1] is not None else 0
+
     def tail(self, sid: str) -> TailState | None:
         raw = self._call(
             lambda: self.client.hmget(self.keys.tail(sid), "inc", "seq", "last", "count", "nids")

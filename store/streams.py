@@ -54,6 +54,7 @@ from store.errors import (
 )
 from store.layout import SESSION_ID_RE
 from store.model.rules import REDACTION_TYPE
+from coordination.redis import TailState
 from store.records import EMPTY_TAIL, Header
 
 if TYPE_CHECKING:
@@ -585,16 +586,24 @@ class Streams:
     # --- state -------------------------------------------------------------------------------
 
     def state(
-        self, path: str, *, refresh: bool = True, touch: bool = True, allow_gone: bool = False
+        self,
+        path: str,
+        *,
+        refresh: bool = True,
+        touch: bool = True,
+        allow_gone: bool = False,
+        probe: bool = True,
     ) -> StreamState:
         """The stream's state, read up to its true tail.
 
         ``StreamNotFoundError`` if there is none (or it expired), ``StreamGoneError`` if it
         was deleted while forks read it (unless ``allow_gone``). ``touch``: this counts as an
-        access for a sliding TTL."""
+        access for a sliding TTL. ``probe=False`` (writers): trust a Redis tail that matches
+        the cached state without looking for a segment Redis has not heard of; the append's
+        compare-and-set finds such a segment anyway."""
         sid = stream_session_id(path)
-        header = self._header(sid, path)
-        st = self._refreshed(header, refresh)
+        header, tail = self._header_and_tail(sid, path)
+        st = self._refreshed(header, refresh, tail=tail, probe=probe)
         if st.deleted:
             if allow_gone:
                 return st
@@ -609,7 +618,9 @@ class Streams:
             self._touch(st)
         return st
 
-    def _refreshed(self, header: Header, refresh: bool) -> StreamState:
+    def _refreshed(
+        self, header: Header, refresh: bool, *, tail: TailState | None = None, probe: bool = True
+    ) -> StreamState:
         sid = header.session_id
         with self._lock:
             st = self._states.get(sid)
@@ -629,6 +640,8 @@ class Streams:
             st.last_seq = max(st.last_seq, data.seq)
             self._remember(sid, st)
             return st
+        if refresh and self._still_current(st, tail, probe):
+            return st
         if refresh:
             fresh, last = self.store.reader.read_after(sid, header, st.last_seq)
             for seq, record in fresh:
@@ -637,18 +650,43 @@ class Streams:
             self._remember(sid, st)
         return st
 
+    def _still_current(self, st: StreamState, tail: TailState | None, probe: bool) -> bool:
+        """Is the cached state the stream's true tail? Yes when Redis's tail is exactly it (same
+        incarnation, segment and last record), no segment after it exists that Redis has not
+        heard of (``probe``: one HEAD) and none was retired by a compaction Redis counted
+        without the commit. Else a read of what is new (``Reader.read_after``)."""
+        if tail is None or st.inherited == -1 and st.pi:
+            return False
+        inc = st.header.incarnation
+        if tail.inc != inc or tail.seq != st.last_seq or tail.last != st.last_id:
+            return False
+        if not probe:
+            return True
+        store, sid, nxt = self.store, st.header.session_id, st.last_seq + 1
+        try:
+            if store.options.retry.call(lambda: store.objects.head(store.layout.segment(sid, inc, nxt))):
+                return False
+            retired = store.coord.retired_through(sid, inc)
+            return retired is not None and retired < nxt
+        except SessionStoreError:
+            return False
+
     def header_of(self, path: str) -> Header:
         """The header of the stream or session named ``path`` (``StreamNotFoundError``)."""
         return self._header(stream_session_id(path), path)
 
     def _header(self, sid: str, path: str) -> Header:
+        return self._header_and_tail(sid, path)[0]
+
+    def _header_and_tail(self, sid: str, path: str) -> tuple[Header, TailState | None]:
+        """The header (cached while Redis names its incarnation) and Redis's tail, if any."""
         store = self.store
         header = store.headers.cached(sid)
+        try:
+            tail = store.coord.tail(sid)
+        except SessionStoreError:
+            tail = None
         if header is not None:
-            try:
-                tail = store.coord.tail(sid)
-            except SessionStoreError:
-                tail = None
             if tail is None or tail.inc != header.incarnation:
                 header = None
         if header is None:
@@ -667,7 +705,7 @@ class Streams:
                 raise StreamNotFoundError(f"no stream {path!r}")
         else:
             raise StreamNotFoundError(f"no stream {path!r}")
-        return header
+        return header, tail
 
     def _expired(self, st: StreamState) -> bool:
         now = int(time.time() * 1000)
@@ -741,7 +779,7 @@ class Streams:
         sid = stream_session_id(path)
         with self._sid_lock(sid):
             for _ in range(MAX_CAS_ATTEMPTS):
-                st = self.state(path)
+                st = self.state(path, probe=False)
                 if st.pi:
                     return self._append_entries(st, msgs, content_type, producer, stream_seq, close, if_match)
                 outcome = self._check(st, msgs, content_type, producer, stream_seq, close)

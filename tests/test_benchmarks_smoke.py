@@ -119,6 +119,52 @@ def test_smoke_run_produces_every_figure(tmp_path: Path) -> None:
         assert meta["plot"] and Path(meta["plot"]).is_file()
 
 
+@pytest.mark.timeout(300)
+def test_http_smoke_run_produces_the_service_and_library_figures(tmp_path: Path) -> None:
+    """``--only http`` (optional, so not in the run above): the HTTP service against the
+    library on the same backend. The Node reference server is compared when tests/ds-node is
+    installed and reported "not available" otherwise; the HTTP and library figures are
+    required either way (the scenario checks every response and what each stream holds, so a
+    broken HTTP path fails the run)."""
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "benchmarks", "--smoke", "--only", "http", "--no-plot", "--out", str(out)]
+    s3, redis_url = os.environ.get("SESSIONSTORE_TEST_S3_URL"), os.environ.get("SESSIONSTORE_TEST_REDIS_URL")
+    if s3 and redis_url:
+        cmd += ["--objects", s3, "--redis", redis_url]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, f"http benchmark smoke failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+
+    data = json.loads((out / "latest.json").read_text())
+    meta, figures = data["meta"], data["figures"]
+    assert meta["complete"] is True and meta["scenarios"] == ["http"]
+    n = meta["params"]["http_read_messages"]
+    required = [
+        "http.append.http.p50_ms", "http.append.http.p99_ms", "http.append.library.p50_ms",
+        "http.append.library.p99_ms", "http.append.ratio_p50",
+        f"http.read.{n}.uncompacted.http_ms", f"http.read.{n}.uncompacted.library_ms",
+        f"http.read.{n}.uncompacted.ratio", f"http.read.{n}.uncompacted.http_requests",
+    ]
+    if _compactor_available():
+        required += [f"http.read.{n}.compacted.http_ms", f"http.read.{n}.compacted.library_ms"]
+    expected = required + meta["expected_figures"]
+    missing = [name for name in expected if name not in figures]
+    assert not missing, f"figures not produced: {missing}"
+    bad = [name for name in expected if not isinstance(figures[name], (int, float)) or not math.isfinite(figures[name])]
+    assert not bad, f"figures without a finite value: {bad}"
+    assert figures[f"http.read.{n}.uncompacted.http_requests"] >= 1
+
+    rows = [r for r in data["table"] if r["scenario"].startswith("http")]
+    assert len(rows) == (6 if _compactor_available() else 4), rows
+    reference = [r for r in rows if "reference server" in r["case"]]
+    if "http.append.reference.p50_ms" in figures:
+        assert all(math.isfinite(figures[k]) for k in figures if ".reference" in k)
+        assert all(r["ratio"] != "-" for r in reference), reference
+    else:  # not installed: said so in the table, the run still complete
+        assert all(r["floor"].startswith("not available") or r["floor"].startswith("failed") for r in reference), reference
+
+
 def test_without_moto_the_smoke_run_falls_back_to_the_embedded_default(tmp_path: Path) -> None:
     """After the README's first install (`pip install -e '.[embedded]'`) there is no moto: the
     default run uses the embedded default instead of ending in a traceback."""

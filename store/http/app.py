@@ -50,6 +50,7 @@ from store.errors import (
     UnknownParentError,
 )
 from store.http.auth import Tokens, may_access
+from store.model.js_json import encode_json
 from store.http.notify import Notifier
 from store.http.sessions import SESSIONS_ROOT, SessionRoutes
 from store.streams import (
@@ -681,7 +682,9 @@ def _messages(body: bytes, content_type: str | None, *, allow_empty_array: bool)
 
 def _body_of(info: StreamInfo, batches: list[Batch]) -> bytes:
     if info.config.json:
-        return b"[" + b",".join(orjson.dumps(m) for b in batches for m in b.messages) + b"]"
+        # One call for the whole body (a session's entries may hold lone surrogates, as pi
+        # writes them: encode_json writes those as JSON.stringify does).
+        return encode_json([m for b in batches for m in b.messages])
     return b"".join(m for b in batches for m in b.messages)
 
 
@@ -706,7 +709,7 @@ _NEWLINES = re.compile(r"\r\n|\r|\n")
 
 def _sse_data(info: StreamInfo, batch: Batch, b64: bool) -> bytes:
     if info.config.json:
-        text = orjson.dumps(batch.messages).decode()
+        text = encode_json(batch.messages).decode()
     elif b64:
         text = base64.b64encode(b"".join(batch.messages)).decode("ascii")
     else:
