@@ -376,15 +376,79 @@ class StreamInfo:
 REF_GRACE_MS = 10 * 60 * 1000
 
 
+class RecordCache:
+    """The records of streams this process has read, by (session, incarnation, segment).
+
+    A segment never changes within an incarnation (compaction moves records into bases with
+    their segment numbers, never alters them), so a record once read is good for as long as
+    it is kept; a new incarnation is another key. Kept per stream from segment 1 on without
+    holes, so a reader knows when it has everything it asks for; whole streams are evicted,
+    least recently used first, past ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._streams: OrderedDict[tuple[str, str], list[dict[str, Any]]] = OrderedDict()
+        self._sizes: dict[tuple[str, str], int] = {}
+        self._bytes = 0
+
+    def add(self, sid: str, inc: str, seq: int, record: dict[str, Any]) -> None:
+        """Keep ``record`` as segment ``seq`` if it extends the stream's run from 1."""
+        key = (sid, inc)
+        size = _record_size(record)
+        with self._lock:
+            run = self._streams.get(key)
+            if run is None:
+                if seq != 1:
+                    return
+                run = self._streams[key] = []
+                self._sizes[key] = 0
+            if seq != len(run) + 1:
+                return
+            run.append(record)
+            self._sizes[key] += size
+            self._bytes += size
+            self._streams.move_to_end(key)
+            while self._bytes > self.max_bytes and len(self._streams) > 1:
+                old, _ = self._streams.popitem(last=False)
+                self._bytes -= self._sizes.pop(old)
+
+    def run(self, sid: str, inc: str, first: int, last: int) -> list[dict[str, Any]] | None:
+        """Records of segments ``first..last`` if all are kept, else None."""
+        with self._lock:
+            run = self._streams.get((sid, inc))
+            if run is None or len(run) < last:
+                return None
+            self._streams.move_to_end((sid, inc))
+            return run[first - 1 : last]
+
+    def drop(self, sid: str) -> None:
+        with self._lock:
+            for key in [k for k in self._streams if k[0] == sid]:
+                del self._streams[key]
+                self._bytes -= self._sizes.pop(key)
+
+
+def _record_size(record: dict[str, Any]) -> int:
+    return 200 + sum(len(m) if isinstance(m, str) else 64 for m in record.get("msgs") or ())
+
+
+#: Bytes of records a process keeps for readers (``RecordCache``).
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+
+
 class Streams:
     """Durable streams on one :class:`~store.core.SessionStore`. Thread-safe."""
 
-    def __init__(self, store: SessionStore, *, cache_size: int = 4096) -> None:
+    def __init__(
+        self, store: SessionStore, *, cache_size: int = 4096, cache_bytes: int = DEFAULT_CACHE_BYTES
+    ) -> None:
         self.store = store
         self._lock = threading.Lock()
         self._states: OrderedDict[str, StreamState] = OrderedDict()
         self._cache_size = cache_size
         self._sid_locks: dict[str, threading.Lock] = {}
+        self.records = RecordCache(cache_bytes)
 
     # --- create ------------------------------------------------------------------------------
 
@@ -643,9 +707,17 @@ class Streams:
         if refresh and self._still_current(st, tail, probe):
             return st
         if refresh:
-            fresh, last = self.store.reader.read_after(sid, header, st.last_seq)
+            inc = header.incarnation
+            if st.last_seq == 0 and not st.pi:
+                # Cold: the read path's parallel round (bases, segments, probe) at once.
+                data = self.store.reader.read(sid, header, use_hint=True)
+                fresh, last = list(zip(data.seqs, data.entries)), data.seq
+            else:
+                fresh, last = self.store.reader.read_after(sid, header, st.last_seq)
             for seq, record in fresh:
                 st.fold(seq, record)
+                if not st.pi:
+                    self.records.add(sid, inc, seq, record)
             st.last_seq = max(st.last_seq, last)
             self._remember(sid, st)
         return st
@@ -746,6 +818,7 @@ class Streams:
     def _forget_state(self, sid: str) -> None:
         with self._lock:
             self._states.pop(sid, None)
+        self.records.drop(sid)
 
     def _sid_lock(self, sid: str) -> threading.Lock:
         with self._lock:
@@ -972,7 +1045,22 @@ class Streams:
             return
         own_from = max(1, start.vseq - base)
         header = st.header
-        fresh, _ = self.store.reader.read_after(header.session_id, header, own_from - 1)
+        sid, inc = header.session_id, header.incarnation
+        # The segments that can hold [start, end): a fork source's state is not read (its
+        # last_seq is 0), its end is the fork point.
+        last_needed = end.vseq - base
+        if st.last_seq:
+            last_needed = min(last_needed, st.last_seq)
+        if last_needed < own_from:
+            return
+        kept = self.records.run(sid, inc, own_from, last_needed)
+        if kept is not None:
+            fresh = list(zip(range(own_from, own_from + len(kept)), kept))
+        else:
+            fresh, _ = self.store.reader.read_after(sid, header, own_from - 1)
+            fresh = [(seq, r) for seq, r in fresh if seq <= last_needed]
+            for seq, record in fresh:
+                self.records.add(sid, inc, seq, record)
         for seq, record in fresh:
             vseq = base + seq
             msgs = record.get("msgs") or ()

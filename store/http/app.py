@@ -50,6 +50,7 @@ from store.errors import (
     UnknownParentError,
 )
 from store.http.auth import Tokens, may_access
+from store.http.claude import CLAUDE_ROOT, ClaudeRoutes
 from store.model.js_json import encode_json
 from store.http.notify import Notifier
 from store.http.sessions import SESSIONS_ROOT, SessionRoutes
@@ -151,11 +152,13 @@ class StreamService:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sessionstore-http")
         methods = ["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS"]
         self.sessions = SessionRoutes(self)
+        self.claude = ClaudeRoutes(self)
         self.app = Starlette(
             routes=[
                 Route(STREAM_ROOT + "{name:path}", self.handle, methods=methods),
                 Route(SESSIONS_ROOT, self._guarded(self.sessions.list), methods=["GET", "OPTIONS"]),
                 Route(SESSIONS_ROOT + "/{rest:path}", self._guarded(self.sessions.action), methods=methods),
+                Route(CLAUDE_ROOT + "/{method}", self._guarded(self.claude.handle), methods=["POST", "OPTIONS"]),
                 Route("/healthz", self.health, methods=["GET"]),
             ],
             lifespan=self._lifespan,
@@ -168,6 +171,7 @@ class StreamService:
         try:
             yield
         finally:
+            await self.claude.close()
             await asyncio.get_running_loop().run_in_executor(None, self.close)
 
     def close(self) -> None:
