@@ -54,6 +54,7 @@ from store.errors import (
 )
 from store.layout import SESSION_ID_RE
 from store.model.rules import REDACTION_TYPE
+from store.segments import read_segment
 from coordination.redis import TailState
 from store.records import EMPTY_TAIL, Header
 
@@ -68,6 +69,10 @@ BATCH_TYPE = "stream.batch"
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 OFFSET_WIDTH = 16
 _OFFSET_RE = re.compile(r"^(\d{16})_(\d{16})$")
+#: The id prefix of a record that only appends messages (no producer, Stream-Seq, close or
+#: tombstone): nothing can follow a close or a tombstone but a tombstone, so a stream whose
+#: last record is such is neither closed nor deleted (``Streams._plain_append``).
+PLAIN_PREFIX = "a."
 #: Attempts of one append against a moving tail before ``ContentionError``.
 MAX_CAS_ATTEMPTS = 64
 
@@ -622,6 +627,8 @@ class Streams:
             self.append(path, prefix, content_type=config.content_type)
         if msgs or close:
             self.append(path, msgs or [], content_type=config.content_type, close=close)
+        if not (prefix or msgs or close):
+            return True, self._info(state)  # known to be empty: nothing to read
         return True, self.info(path, touch=False)
 
     def _put_ref(self, key: str) -> bool:
@@ -708,7 +715,10 @@ class Streams:
             return st
         if refresh:
             inc = header.incarnation
-            if st.last_seq == 0 and not st.pi:
+            caught = None if st.pi else self._catch_up(st, tail, probe)
+            if caught is not None:
+                fresh, last = caught
+            elif st.last_seq == 0 and not st.pi:
                 # Cold: the read path's parallel round (bases, segments, probe) at once.
                 data = self.store.reader.read(sid, header, use_hint=True)
                 fresh, last = list(zip(data.seqs, data.entries)), data.seq
@@ -743,6 +753,50 @@ class Streams:
         except SessionStoreError:
             return False
 
+    def _catch_up(
+        self, st: StreamState, tail: TailState | None, probe: bool = True
+    ) -> tuple[list[tuple[int, dict[str, Any]]], int] | None:
+        """The records after ``st`` when Redis's tail says which: its segments in one parallel
+        round of GETs, then the probe after them (one HEAD) and Redis's retired slot, as in
+        :meth:`_still_current`. None when Redis cannot say or a segment is not where it should
+        be (compacted meanwhile): the read path's own ``read_after`` decides then."""
+        if tail is None or tail.inc != st.header.incarnation or not 0 < tail.seq - st.last_seq <= 256:
+            return None
+        store, sid, inc = self.store, st.header.session_id, st.header.incarnation
+        seqs = range(st.last_seq + 1, tail.seq + 1)
+        opts, objects, layout = store.options, store.objects, store.layout
+
+        def get(seq: int) -> tuple[list[dict[str, Any]], int] | None:
+            return read_segment(objects, opts.retry, layout.segment(sid, inc, seq), st.header.schema)
+
+        nxt = tail.seq + 1
+
+        def head_next() -> bool:
+            return opts.retry.call(lambda: objects.head(layout.segment(sid, inc, nxt))) is not None
+
+        kept = self.records.run(sid, inc, seqs[0], seqs[-1])
+        try:
+            # The probe after them in the same round (a reader must see a segment whose
+            # Redis commit was lost); a writer needs none: its append is a compare-and-set on
+            # the last of these records, so such a segment only costs it a retry.
+            probed = store.ctx.pool.submit(head_next) if probe else None
+            if kept is not None:
+                got = [([record], 0) for record in kept]
+            else:
+                got = list(store.ctx.pool.map(get, seqs)) if len(seqs) > 1 else [get(seqs[0])]
+            if any(g is None or len(g[0]) != 1 for g in got):
+                return None
+            if probed is None:
+                return [(seq, g[0][0]) for seq, g in zip(seqs, got) if g is not None], tail.seq
+            if probed.result():
+                return None
+            retired = store.coord.retired_through(sid, inc)
+        except SessionStoreError:
+            return None
+        if retired is None or retired >= nxt:
+            return None
+        return [(seq, g[0][0]) for seq, g in zip(seqs, got) if g is not None], tail.seq
+
     def header_of(self, path: str) -> Header:
         """The header of the stream or session named ``path`` (``StreamNotFoundError``)."""
         return self._header(stream_session_id(path), path)
@@ -762,10 +816,7 @@ class Streams:
             if tail is None or tail.inc != header.incarnation:
                 header = None
         if header is None:
-            try:
-                header = store.headers.read(sid)
-            except SessionNotFoundError:
-                raise StreamNotFoundError(f"no stream {path!r}") from None
+            header = self._read_header(sid, path, tail)
         if header.kind == STREAM_KIND:
             if header.config.get("path") != path:
                 raise StreamNotFoundError(f"no stream {path!r}")
@@ -778,6 +829,35 @@ class Streams:
         else:
             raise StreamNotFoundError(f"no stream {path!r}")
         return header, tail
+
+    def _read_header(self, sid: str, path: str, tail: TailState | None) -> Header:
+        """GET the header; when Redis names the incarnation, the segments it lists come in
+        the same parallel round (into the record cache), so a process that meets a stream for
+        the first time reads it in one round trip, not two."""
+        store = self.store
+        prefetch: list[Any] = []
+        if tail is not None and 0 < tail.seq <= 64:
+            inc, opts, objects, layout = tail.inc, store.options, store.objects, store.layout
+            prefetch = [
+                store.ctx.pool.submit(
+                    lambda seq=seq: read_segment(objects, opts.retry, layout.segment(sid, inc, seq))
+                )
+                for seq in range(1, tail.seq + 1)
+            ]
+        try:
+            header = store.headers.read(sid)
+        except SessionNotFoundError:
+            raise StreamNotFoundError(f"no stream {path!r}") from None
+        if prefetch and tail is not None and header.incarnation == tail.inc and header.kind == STREAM_KIND:
+            for seq, fut in enumerate(prefetch, start=1):
+                try:
+                    got = fut.result()
+                except SessionStoreError:
+                    break
+                if got is None or len(got[0]) != 1:
+                    break
+                self.records.add(sid, header.incarnation, seq, got[0][0])
+        return header
 
     def _expired(self, st: StreamState) -> bool:
         now = int(time.time() * 1000)
@@ -850,6 +930,10 @@ class Streams:
         ``if_match``: append only if the tail is this offset (a session: this entry id, ``""``
         for none); ``TailMismatchError`` with the actual one otherwise."""
         sid = stream_session_id(path)
+        if producer is None and stream_seq is None and not close and if_match is None and msgs:
+            fast = self._plain_append(path, sid, msgs, content_type)
+            if fast is not None:
+                return fast
         with self._sid_lock(sid):
             for _ in range(MAX_CAS_ATTEMPTS):
                 st = self.state(path, probe=False)
@@ -870,6 +954,42 @@ class Streams:
                         producer=st.producers.get(producer.id) if producer else None,
                     )
         raise ContentionError(f"stream {path!r}: the tail kept moving; retry")
+
+    def _plain_append(
+        self, path: str, sid: str, msgs: list[Any], content_type: str | None
+    ) -> AppendOutcome | None:
+        """An append of messages only, without reading the records this process has not seen:
+        when Redis's tail record is a plain append (or there is none), the stream is neither
+        closed nor deleted, and the append is a compare-and-set on that record, so a tail that
+        moved (a close committed meanwhile, or one Redis has not heard of: the PUT meets its
+        segment) refuses it. None: take the general path (it reads the state and decides)."""
+        header, tail = self._header_and_tail(sid, path)
+        if header.kind != STREAM_KIND or tail is None or tail.inc != header.incarnation:
+            return None
+        if tail.last and not tail.last.startswith(PLAIN_PREFIX):
+            return None
+        st = StreamState(header=header, config=_config_of(header, path))
+        if content_type is not None and media_type(content_type) != media_type(st.config.content_type):
+            raise ContentTypeMismatchError(
+                f"stream {path!r} holds {st.config.content_type}, not {content_type}"
+            )
+        if self._expired(st):
+            return None
+        record = self._record(st, msgs, None, None, False)
+        try:
+            result = self.store.append_session_entries(sid, [record], tail.last)
+        except (ConflictError, IdCollisionError):
+            return None
+        self._touch(st)
+        with self._lock:
+            cached = self._states.get(sid)
+        if cached is not None and cached.header.incarnation == header.incarnation \
+                and cached.last_seq == result.seq - 1 and cached.last_id == tail.last:
+            cached = _copy(cached)
+            cached.fold(result.seq, record)
+            self._remember(sid, cached)
+        self.records.add(sid, header.incarnation, result.seq, record)
+        return AppendOutcome(next_offset=Offset(st.config.base + result.seq, len(msgs)), closed=False)
 
     def _append_entries(
         self,
@@ -979,6 +1099,8 @@ class Streams:
                 digest_size=16,
             ).hexdigest()
             rid = "p." + digest
+        elif stream_seq is None and not close:
+            rid = PLAIN_PREFIX + uuid.uuid4().hex
         else:
             rid = uuid.uuid4().hex
         payload = list(msgs) if st.config.json else [base64.b64encode(m).decode("ascii") for m in msgs]
