@@ -538,6 +538,7 @@ class Streams:
         ref_key = self.store.layout.stream_ref(config.fork_sid or "", config.fork_inc or "", sid)
         started = time.monotonic()
         made_ref = self._put_ref(ref_key)
+        self.store.ctx.fault("stream.fork.registered", stream=path, source=fork_from)
         try:
             # Registered first, then checked: a delete of the source appends its tombstone
             # first, then lists the registrations, so one of the two sees the other.
@@ -547,6 +548,7 @@ class Streams:
                 self._drop_ref(ref_key)
                 self._collect(config.fork_sid or "", config.fork_inc or "")
             raise StreamExistsError(f"stream {fork_from!r} was deleted: no new forks") from None
+        self.store.ctx.fault("stream.fork.checked", stream=path, source=fork_from)
         try:
             created, info = self._create(
                 sid, config, None, False, requested_offset=given_offset, prefix=prefix
@@ -1294,6 +1296,7 @@ class Streams:
                 st = self._refreshed(st.header, True)
             else:
                 raise ContentionError(f"stream {st.config.path!r}: the tail kept moving; retry")
+        self.store.ctx.fault("stream.delete.tombstoned", stream=st.config.path)
         self._collect(sid, st.header.incarnation)
 
     def _has_refs(self, st: StreamState) -> bool:

@@ -18,20 +18,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from conftest import _in_ci
 from harness.balancer import BalancerProcess
+from harness.serve_process import ServeProcess, cli, serve, server_env
 
 DS_NODE = Path(__file__).resolve().parent / "ds-node"
 REPO = DS_NODE.parent.parent
@@ -51,97 +48,12 @@ EXPECTED_SKIPPED = frozenset(
     )
 )
 MIN_TESTS = 300  # 338 in server-conformance-tests 0.3.6
-LONG_POLL_TIMEOUT_S = 2  # the suite waits at most 5 s per test (vitest's default)
 SUITE_TIMEOUT_S = 900
 
 pytestmark = pytest.mark.timeout(SUITE_TIMEOUT_S + 300)
 
 
 # --- sessionstore serve ----------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "store.cli", *args]
-
-
-def _server_env() -> dict[str, str]:
-    """The test's environment (AWS test credentials, PATH), minus the store's own settings: the
-    command line says which store, and no tokens means loopback only, no auth."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return env
-
-
-@dataclass
-class ServeProcess:
-    """One ``sessionstore serve`` process; its stderr goes to ``log_path``."""
-
-    process: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-
-    def log(self, limit: int = 20_000) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return text if len(text) <= limit else "...\n" + text[-limit:]
-
-
-@contextmanager
-def serve(store_args: Sequence[str], log_path: Path, *, cwd: Path) -> Iterator[ServeProcess]:
-    """``sessionstore STORE_ARGS serve`` on a free loopback port, up once ``/healthz`` says 200;
-    terminated (then killed) on exit."""
-    for attempt in range(3):
-        port = _free_port()
-        command = _cli(*store_args, "serve", "--host", "127.0.0.1", "--port", str(port),
-                       "--long-poll-timeout", str(LONG_POLL_TIMEOUT_S))
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(command, cwd=cwd, env=_server_env(), stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT)
-        server = ServeProcess(process, f"http://127.0.0.1:{port}", log_path)
-        try:
-            if _wait_healthy(server, last_attempt=attempt == 2):
-                yield server
-                return
-        finally:
-            _stop(process)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
-def _wait_healthy(server: ServeProcess, *, last_attempt: bool, timeout: float = 60.0) -> bool:
-    """True once ``/healthz`` answers 200; False if the port was taken meanwhile (try another,
-    unless ``last_attempt``); fails the test otherwise."""
-    deadline = time.monotonic() + timeout
-    last: str = "no answer yet"
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            if "address already in use" in server.log().lower() and not last_attempt:
-                return False
-            pytest.fail(f"sessionstore serve exited with {server.process.returncode} while starting:\n"
-                        f"{server.log()}", pytrace=False)
-        try:
-            response = httpx.get(f"{server.url}/healthz", timeout=2)
-            if response.status_code == 200:
-                return True
-            last = f"{response.status_code} {response.text[:200]}"
-        except httpx.HTTPError as exc:
-            last = repr(exc)
-        time.sleep(0.1)
-    pytest.fail(f"sessionstore serve at {server.url} not healthy after {timeout}s ({last}):\n{server.log()}",
-                pytrace=False)
 
 
 # --- the conformance suite -------------------------------------------------------------------
@@ -295,6 +207,6 @@ def test_conformance_one_server_on_the_embedded_default(tmp_path: Path) -> None:
         with serve(["--objects", str(store_dir)], tmp_path / "serve.log", cwd=tmp_path) as server:
             run = run_suite(server.url, tmp_path)
     finally:
-        subprocess.run(_cli("--objects", str(store_dir), "embedded", "stop"), cwd=tmp_path, env=_server_env(),
+        subprocess.run(cli("--objects", str(store_dir), "embedded", "stop"), cwd=tmp_path, env=server_env(),
                        stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
     check_suite(run, [server])

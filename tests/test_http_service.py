@@ -513,3 +513,59 @@ def test_a_recreated_stream_never_serves_the_old_incarnation_through_another_ser
         # as a position that the new life may reach later.
         r = c.get(b + path, params={"offset": old_tail})
         assert (r.status_code, r.json()["code"]) == (400, "invalid-offset")
+
+
+def test_two_processes_four_clients_on_one_session_the_history_checker_is_clean(
+    s3_url: str, redis_url: str, redis_prefix: str, make_store: Callable[..., SessionStore], tmp_path
+) -> None:
+    """Two ``sessionstore serve`` processes, four clients appending to one pi session, two of
+    them with ``If-Match`` on the tail entry they know: judged by tests/history.py as a library
+    writer's history is (every acknowledged batch there once, whole, at the seq it was
+    acknowledged with; a 412 writes nothing; an If-Match batch sits right after its tail)."""
+    from harness.serve_process import serve as serve_process
+    from history import Op, check_history
+
+    args = ["--objects", s3_url, "--redis", redis_url, "--redis-prefix", redis_prefix]
+    name = "shared-session"
+    js = {"content-type": "application/json"}
+    ops: list[Op] = []
+    lock = threading.Lock()
+    with serve_process(args, tmp_path / "a.log", cwd=tmp_path) as p1, \
+            serve_process(args, tmp_path / "b.log", cwd=tmp_path) as p2:
+        r = httpx.put(p1.url + ROOT + name, headers={**js, "stream-kind": "session"}, timeout=30)
+        assert r.status_code == 201, r.text
+
+        def client(tag: str, server: str, if_match: bool) -> None:
+            tail = ""
+            mine: str | None = None
+            with httpx.Client(timeout=60) as c:
+                for i in range(12):
+                    ids = [f"{tag}{i}a", f"{tag}{i}b"]
+                    parent = (tail or None) if if_match else mine
+                    batch = [_entry(ids[0], parent), _entry(ids[1], ids[0])]
+                    headers = {**js, "if-match": f'"{tail}"'} if if_match else js
+                    op = Op(stream_session_id(name), ids, tail if if_match else None, "ok")
+                    r = c.post(server + ROOT + name, content=json.dumps(batch), headers=headers)
+                    if r.status_code == 204:
+                        op.seq = Offset.parse(r.headers["stream-next-offset"]).vseq
+                        tail = mine = ids[-1]
+                    elif r.status_code == 412:
+                        op.outcome, op.actual_tail = "conflict", r.headers["session-tail-entry-id"]
+                        tail = op.actual_tail
+                    elif r.status_code == 503 and r.json()["code"] == "indeterminate":
+                        op.outcome = "indeterminate"
+                    else:
+                        op.outcome = f"error:{r.status_code}:{r.text}"
+                    with lock:
+                        ops.append(op)
+
+        threads = [threading.Thread(target=client, args=a_) for a_ in
+                   (("x", p1.url, True), ("y", p2.url, True), ("u", p1.url, False), ("v", p2.url, False))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    report = check_history(make_store(), ops)
+    assert report.problems == [] and report.errors == [], (report.problems, report.errors)
+    assert report.acknowledged >= 24  # the two writers without If-Match never conflict
+    assert len(ops) == 48

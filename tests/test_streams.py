@@ -1,0 +1,126 @@
+"""Durable streams (``store/streams.py``) on the library, with processes paused at the points
+of the fork-registration protocol: a fork registers with its source, then checks that the
+source is not deleted; a delete appends its tombstone, then lists the registrations. Whatever
+pauses where, a source is never removed while a fork reads it, and nothing is left behind.
+
+Two ``Streams`` on two stores are two processes: they share only S3 and Redis."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from harness.pausing import InThread, Pause
+
+import store.streams as streams_module
+from store import SessionStore
+from store.streams import (
+    START,
+    StreamExistsError,
+    StreamGoneError,
+    StreamNotFoundError,
+    Streams,
+    stream_session_id,
+)
+
+pytestmark = pytest.mark.timeout(300)
+TEXT = "text/plain"
+
+
+def _leftovers(store: SessionStore, *names: str) -> list[str]:
+    """Objects still stored for these streams, and any fork registration at all."""
+    keys = [i.key for i in store.objects.list(store.layout.prefix + "streams/refs/")]
+    for name in names:
+        keys += [i.key for i in store.objects.list(store.layout.session_prefix(stream_session_id(name)))]
+    return keys
+
+
+def test_a_fork_registered_while_its_source_is_deleted_backs_out_and_the_source_goes(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """The forker pauses between registering and checking; the delete sees the registration
+    (the fork may be about to read), so it only tombstones. The forker then sees the tombstone,
+    withdraws, and removes the source its registration kept."""
+    pause = Pause("stream.fork.registered")
+    forker = Streams(make_store(fault_hook=pause))
+    deleter = Streams(make_store())
+    deleter.create("src", content_type=TEXT, msgs=[b"data"])
+    fork = InThread(lambda: forker.create("fork", fork_from="src"))
+    pause.wait_paused()
+    deleter.delete("src")
+    with pytest.raises(StreamGoneError):
+        deleter.read("src", START)  # kept for the fork that might read it
+    pause.release()
+    with pytest.raises(StreamExistsError):
+        fork.result()
+    for s in (forker, deleter):
+        for name in ("src", "fork"):
+            with pytest.raises(StreamNotFoundError):
+                s.read(name, START)
+    assert _leftovers(deleter.store, "src", "fork") == []
+
+
+def test_a_delete_paused_after_its_tombstone_refuses_new_forks_then_removes_the_source(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    pause = Pause("stream.delete.tombstoned")
+    deleter = Streams(make_store(fault_hook=pause))
+    forker = Streams(make_store())
+    forker.create("src", content_type=TEXT, msgs=[b"data"])
+    gone = InThread(lambda: deleter.delete("src"))
+    pause.wait_paused()
+    with pytest.raises(StreamExistsError):
+        forker.create("fork", fork_from="src")
+    pause.release()
+    gone.result()
+    with pytest.raises(StreamNotFoundError):
+        forker.read("src", START)
+    assert _leftovers(forker.store, "src", "fork") == []
+
+
+def test_a_forker_paused_past_the_registration_grace_undoes_its_fork(
+    make_store: Callable[..., SessionStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registered and checked, then paused longer than the grace after which a registration
+    without a fork is taken for a crashed forker's: the delete clears it and removes the
+    source. The forker, resuming, creates its fork, sees how long it took, and deletes it
+    rather than read a source that is gone; nothing is left."""
+    monkeypatch.setattr(streams_module, "REF_GRACE_MS", 2000)
+    pause = Pause("stream.fork.checked")
+    forker = Streams(make_store(fault_hook=pause))
+    deleter = Streams(make_store())
+    deleter.create("src", content_type=TEXT, msgs=[b"data"])
+    fork = InThread(lambda: forker.create("fork", fork_from="src"))
+    pause.wait_paused()
+    time.sleep(3.5)  # past the grace by the object store's clock (whole seconds on some)
+    deleter.delete("src")
+    with pytest.raises(StreamNotFoundError):
+        deleter.read("src", START)  # the abandoned-looking registration did not keep it
+    pause.release()
+    with pytest.raises(Exception) as caught:
+        fork.result()
+    assert "took too long" in str(caught.value)
+    with pytest.raises(StreamNotFoundError):
+        forker.read("fork", START)
+    assert _leftovers(deleter.store, "src", "fork") == []
+
+
+def test_a_fork_keeps_reading_its_deleted_source_and_takes_it_along_when_deleted(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    a, b = Streams(make_store()), Streams(make_store())
+    a.create("src", content_type=TEXT, msgs=[b"one;"])
+    a.append("src", [b"two;"], content_type=TEXT)
+    b.create("fork", fork_from="src")
+    b.append("fork", [b"mine;"], content_type=TEXT)
+    a.append("src", [b"not in the fork;"], content_type=TEXT)
+    a.delete("src")
+    with pytest.raises(StreamGoneError):
+        b.read("src", START)
+    with pytest.raises(StreamExistsError):
+        a.create("src", content_type=TEXT)  # the name stays taken while the fork reads it
+    assert b"".join(a.read("fork", START).messages) == b"one;two;mine;"
+    b.delete("fork")
+    assert _leftovers(a.store, "src", "fork") == []
+    a.create("src", content_type=TEXT)  # free again
