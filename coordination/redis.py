@@ -505,6 +505,25 @@ class Coordinator:
         return bool(self._call(self.client.ping))
 
 
+def _drain(pubsub: Any, timeout: float, kind: str) -> list[dict[str, Any]]:
+    """The messages of type ``kind`` waiting on ``pubsub``, blocking up to ``timeout`` s for
+    the first; redis-py's errors as the store's."""
+    out: list[dict[str, Any]] = []
+
+    def drain() -> None:
+        msg = pubsub.get_message(timeout=max(0.0, timeout))
+        while msg is not None:
+            if msg.get("type") == kind:
+                out.append(msg)
+            msg = pubsub.get_message(timeout=0)
+
+    try:
+        redis_call(drain)
+    except OSError as exc:
+        raise BackendUnavailableError(f"notification channel lost: {exc}") from exc
+    return out
+
+
 class Subscription:
     """Change notifications of one session, with redis-py's errors translated.
 
@@ -519,23 +538,12 @@ class Subscription:
         """Block up to ``timeout`` s for notifications. Returns the highest segment number
         announced (0 for a notification without one), or None if none came."""
         best: int | None = None
-
-        def drain() -> None:
-            nonlocal best
-            msg = self._pubsub.get_message(timeout=max(0.0, timeout))
-            while msg is not None:
-                if msg.get("type") == "message":
-                    try:
-                        seq = int(orjson.loads(msg["data"]).get("seq", 0))
-                    except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
-                        seq = 0
-                    best = seq if best is None else max(best, seq)
-                msg = self._pubsub.get_message(timeout=0)
-
-        try:
-            redis_call(drain)
-        except OSError as exc:
-            raise BackendUnavailableError(f"notification channel lost: {exc}") from exc
+        for msg in _drain(self._pubsub, timeout, "message"):
+            try:
+                seq = int(orjson.loads(msg["data"]).get("seq", 0))
+            except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
+                seq = 0
+            best = seq if best is None else max(best, seq)
         return best
 
     def close(self) -> None:
@@ -560,22 +568,9 @@ class AllChanges:
         self._keys = keys
 
     def wait(self, timeout: float) -> list[str]:
-        out: list[str] = []
-
-        def drain() -> None:
-            msg = self._pubsub.get_message(timeout=max(0.0, timeout))
-            while msg is not None:
-                if msg.get("type") == "pmessage":
-                    sid = self._keys.session_of_channel(_s(msg.get("channel", "")))
-                    if sid is not None:
-                        out.append(sid)
-                msg = self._pubsub.get_message(timeout=0)
-
-        try:
-            redis_call(drain)
-        except OSError as exc:
-            raise BackendUnavailableError(f"notification channel lost: {exc}") from exc
-        return out
+        channels = (_s(m.get("channel", "")) for m in _drain(self._pubsub, timeout, "pmessage"))
+        sids = (self._keys.session_of_channel(channel) for channel in channels)
+        return [sid for sid in sids if sid is not None]
 
     def close(self) -> None:
         try:

@@ -67,9 +67,15 @@ class Appender:
         self.tail = tail
         self._index_touched: dict[str, float] = {}
 
-    def append(self, sid: str, batch: PreparedBatch, expected: str | None) -> AppendResult:
+    def append(
+        self, sid: str, batch: PreparedBatch, expected: str | None, *, incarnation: str | None = None
+    ) -> AppendResult:
         ctx = self.ctx
         header = ctx.headers.get(sid)
+        if incarnation is not None and header.incarnation != incarnation:
+            header = ctx.headers.read(sid)  # the cache may be the stale one
+            if header.incarnation != incarnation:
+                raise SessionNotFoundError(sid)
         nonce = uuid.uuid4().hex
         metadata = segment_metadata(nonce, batch.checksum, len(batch.ids))
         rebuilt_for: int | None = None
@@ -90,6 +96,8 @@ class Appender:
             rounds += 1
             if res.code in ("HYDRATE", "INCARNATION"):
                 header = self.tail.repair(sid, header, res.code)
+                if incarnation is not None and header.incarnation != incarnation:
+                    raise SessionNotFoundError(sid)  # deleted (and created again) meanwhile
                 continue
             if res.code == "DUPLICATE":
                 return AppendResult(sid, res.seq, batch.last_id, len(batch.ids))

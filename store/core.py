@@ -194,6 +194,8 @@ class SessionStore:
         session_id: str,
         entries: Sequence[dict[str, Any]],
         expected_tail_entry_id: str | None = None,
+        *,
+        incarnation: str | None = None,
     ) -> AppendResult:
         """Append one batch atomically, as one segment (``store/append.py``).
 
@@ -211,16 +213,23 @@ class SessionStore:
             max_bytes=self.options.max_batch_bytes,
             max_entries=self.options.max_batch_entries,
         )
-        return self.append_prepared(sid, batch, expected_tail_entry_id)
+        return self.append_prepared(sid, batch, expected_tail_entry_id, incarnation=incarnation)
 
     def append_prepared(
-        self, session_id: str, batch: PreparedBatch, expected_tail_entry_id: str | None = None
+        self,
+        session_id: str,
+        batch: PreparedBatch,
+        expected_tail_entry_id: str | None = None,
+        *,
+        incarnation: str | None = None,
     ) -> AppendResult:
         """Append a batch already validated by ``store.entries.prepare_batch`` (an import
         prepares pi's entries as pi reads them, ``strict=False``): the same protocol as
         ``append_session_entries``, without validating twice."""
         self._ensure_probed()
-        return self.appender.append(check_session_id(session_id), batch, expected_tail_entry_id)
+        return self.appender.append(
+            check_session_id(session_id), batch, expected_tail_entry_id, incarnation=incarnation
+        )
 
     def load_session_entries(self, session_id: str) -> list[dict[str, Any]]:
         """Every entry of the session in commit order (a fork's inherited path first)."""

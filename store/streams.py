@@ -979,7 +979,9 @@ class Streams:
             return None
         record = self._record(st, msgs, None, None, False)
         try:
-            result = self.store.append_session_entries(sid, [record], tail.last)
+            result = self.store.append_session_entries(
+                sid, [record], tail.last, incarnation=header.incarnation
+            )
         except (ConflictError, IdCollisionError):
             return None
         self._touch(st)
@@ -1016,7 +1018,9 @@ class Streams:
             raise StreamError("an append needs at least one entry")
         sid = st.header.session_id
         try:
-            result = self.store.append_session_entries(sid, entries, if_match)
+            result = self.store.append_session_entries(
+                sid, entries, if_match, incarnation=st.header.incarnation
+            )
         except ConflictError as exc:
             now = self._refreshed(st.header, True)
             raise TailMismatchError(
@@ -1030,7 +1034,9 @@ class Streams:
         """Append ``record`` if the tail is still ``st``'s; fold it in. False if it moved."""
         sid = st.header.session_id
         try:
-            result = self.store.append_session_entries(sid, [record], st.last_id)
+            result = self.store.append_session_entries(
+                sid, [record], st.last_id, incarnation=st.header.incarnation
+            )
         except (ConflictError, IdCollisionError):
             # The tail moved (or the same producer batch was committed with other content
             # by a concurrent request): check again against the new state.

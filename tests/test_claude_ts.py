@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import _in_ci
 from harness.asgi_server import AsgiServer
 
 from store import SessionStore
@@ -30,10 +31,6 @@ FIXTURE = ROOT / "tests" / "fixtures" / "claude"
 SID = "8f14e45f-ceea-467a-9af0-7a1a0bc1e9d2"
 PROJECT_DIR = "/work/demo"
 PROJECT_KEY = "-work-demo"
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() not in ("", "0", "false")
 
 
 def _need(path: Path) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import _in_ci
 from harness.asgi_server import AsgiServer
 
 from store import SessionStore
@@ -27,10 +28,6 @@ pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parent.parent
 DS_NODE = ROOT / "tests" / "ds-node"
 PI_FIXTURES = ROOT / "tests" / "fixtures" / "pi"
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() not in ("", "0", "false")
 
 
 def _need_node() -> str:

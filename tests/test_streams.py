@@ -15,6 +15,7 @@ from harness.pausing import InThread, Pause
 
 import store.streams as streams_module
 from store import SessionStore
+from store.errors import SessionNotFoundError
 from store.streams import (
     START,
     StreamExistsError,
@@ -124,3 +125,22 @@ def test_a_fork_keeps_reading_its_deleted_source_and_takes_it_along_when_deleted
     b.delete("fork")
     assert _leftovers(a.store, "src", "fork") == []
     a.create("src", content_type=TEXT)  # free again
+
+
+def test_an_append_checked_against_an_ended_life_never_lands_in_the_next(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """A writer read an empty stream, paused, and carries on after the stream was deleted and
+    created again (also empty, so an expected tail of "" would match): its append names the
+    incarnation it checked against and is refused, writing nothing into the new life."""
+    writer_store = make_store()
+    Streams(writer_store).create("s", content_type=TEXT)
+    checked = writer_store.get_header("s").incarnation
+    other = Streams(make_store())
+    other.delete("s")
+    other.create("s", content_type="application/json")
+    record = {"type": "stream.batch", "id": "a.stale", "parentId": None, "at": 0, "msgs": ["eA=="]}
+    with pytest.raises(SessionNotFoundError):
+        writer_store.append_session_entries("s", [record], "", incarnation=checked)
+    assert other.read("s", START).messages == []
+    assert other.read("s", START).next_offset == START

@@ -114,6 +114,20 @@ _COMMON_HEADERS = [
 ]
 
 
+#: The store's refusals and their answers, the first class that matches winning (order
+#: matters: InvalidInputError is the base of the batch and entry errors).
+_REFUSAL_STATUS: dict[type[Exception], tuple[int, str]] = {
+    BatchTooLargeError: (413, "too-large"),
+    EntryNotFoundError: (404, "entry-not-found"),
+    SessionExistsError: (409, "stream-exists"),
+    IdCollisionError: (409, "id-collision"),
+    UnknownParentError: (409, "unknown-parent"),
+    SessionNotFoundError: (404, "stream-not-found"),
+    InvalidInputError: (400, "bad-request"),
+}
+_REFUSALS = tuple(_REFUSAL_STATUS)
+
+
 class HttpError(Exception):
     """A refusal of the wire layer itself (bad header, bad body) with its status."""
 
@@ -245,20 +259,9 @@ class StreamService:
             })
         except StreamError as exc:
             return _problem(exc.status, exc.code, str(exc))
-        except BatchTooLargeError as exc:
-            return _problem(413, "too-large", str(exc))
-        except EntryNotFoundError as exc:
-            return _problem(404, "entry-not-found", str(exc))
-        except SessionExistsError as exc:
-            return _problem(409, "stream-exists", str(exc))
-        except IdCollisionError as exc:
-            return _problem(409, "id-collision", str(exc))
-        except UnknownParentError as exc:
-            return _problem(409, "unknown-parent", str(exc))
-        except SessionNotFoundError as exc:
-            return _problem(404, "stream-not-found", str(exc))
-        except InvalidInputError as exc:
-            return _problem(400, "bad-request", str(exc))
+        except _REFUSALS as exc:
+            status, code = next(v for k, v in _REFUSAL_STATUS.items() if isinstance(exc, k))
+            return _problem(status, code, str(exc))
         except (ContentionError, BackendUnavailableError) as exc:
             return _problem(503, "unavailable", str(exc), {"Retry-After": "1"})
         except IndeterminateError as exc:
