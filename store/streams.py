@@ -750,6 +750,9 @@ class Streams:
         try:
             if store.options.retry.call(lambda: store.objects.head(store.layout.segment(sid, inc, nxt))):
                 return False
+            # Read after the HEAD, not with the tail before it: GC deletes a slot only after a
+            # manifest raised cseq past it, so a slot deleted before our HEAD shows here even if
+            # this process paused anywhere in between.
             retired = store.coord.retired_through(sid, inc)
             return retired is not None and retired < nxt
         except SessionStoreError:
