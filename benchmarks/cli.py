@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(("resume_setup", lambda: resume.setup(ctx)))
     if "resume" in only:
         steps.append(("resume_uncompacted", lambda: resume.measure(ctx, "uncompacted")))
+        steps.append(("resume_tail", lambda: resume.tail(ctx)))
     compacted = False
     if compaction_api.available and only & {"compaction", "resume"}:
         steps.append(("compaction", lambda: compaction.run(ctx, compaction_api)))

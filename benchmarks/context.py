@@ -31,6 +31,9 @@ class Params:
     resume_segment: dict[int, int] = field(default_factory=lambda: {1_000: 10, 10_000: 10, 100_000: 100})
     resume_reps: dict[int, int] = field(default_factory=lambda: {1_000: 7, 10_000: 3, 100_000: 2})
     compacted_reps: dict[int, int] = field(default_factory=lambda: {1_000: 15, 10_000: 11, 100_000: 3})
+    #: Uncompacted tails a resume reads (segments of 10 entries), and repetitions.
+    tail_segments: tuple[int, ...] = (8, 64)
+    tail_reps: int = 15
     #: Naive baseline and append-cost-vs-size curve: extra small sizes, appends per size.
     curve_small_sizes: tuple[int, ...] = (10, 100)
     curve_appends: int = 8
@@ -67,6 +70,8 @@ class Params:
             resume_segment={60: 10, 200: 10},
             resume_reps={60: 2, 200: 2},
             compacted_reps={60: 2, 200: 2},
+            tail_segments=(4,),
+            tail_reps=2,
             curve_small_sizes=(10,),
             curve_appends=2,
             curve_appends_large=2,

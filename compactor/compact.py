@@ -198,7 +198,7 @@ class Compactor:
             return CompactionResult(sid, "lost", generation=gen, manifest_key=mkey)
         self.fault("compact.after_manifest", session_id=sid, generation=gen, key=mkey)
         try:
-            store.coord.compacted(sid, inc, len(segments), scan.segment_bytes, last_seq)
+            store.coord.compacted(sid, inc, len(segments), scan.segment_bytes, last_seq, gen)
         except BackendError as exc:
             log.warning("pending counters not updated", extra={"session_id": sid, "error": str(exc)})
         result = CompactionResult(

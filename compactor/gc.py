@@ -348,6 +348,13 @@ class GarbageCollector:
         if newest is None or newest.generation != gen:
             return False
         log.info("fenced an abandoned generation", extra={"session_id": sid, "generation": gen})
+        try:
+            # The readers' hint (mgen): the fence is the newest manifest now, and the older
+            # one it copied may be deleted. Nothing merged, nothing retired beyond it.
+            through = latest.through_seq if latest is not None else 0
+            store.coord.compacted(sid, inc, 0, 0, through, gen)
+        except BackendError:
+            pass  # a hint only: readers that find no manifest there list them
         return True
 
     # --- other incarnations ------------------------------------------------------------------

@@ -41,6 +41,12 @@ class Keys:
             return channel[len(head) : -len(tail)]
         return None
 
+    def recent(self, sid: str) -> str:
+        """Hash: seq -> "<inc> <sha256> <schema>\\n" + the body of a committed segment not yet
+        compacted. A cache for readers (the object store holds every segment), bounded per
+        session by ``StoreOptions.recent_cache_bytes`` and trimmed as manifests retire slots."""
+        return f"{self.prefix}:{{{sid}}}:recent"
+
     def access(self, sid: str) -> str:
         """String "<inc>:<ms>": when a stream was last read or written (its sliding TTL)."""
         return f"{self.prefix}:{{{sid}}}:access"

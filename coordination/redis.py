@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import orjson
@@ -37,6 +37,30 @@ class TailState:
     last: str
     count: int
     nids: int
+    #: Segments 1..cseq are retired by a manifest Redis was told of (GC may delete them).
+    cseq: int = 0
+    #: The generation of the newest manifest Redis was told of (0: none). A hint.
+    mgen: int = 0
+    #: The recent-segments cache (seq -> cached value), when asked for: ``recent_value``.
+    recent: Mapping[int, bytes] | None = field(default=None, compare=False)
+
+
+def recent_value(inc: str, checksum: str, schema: int, body: bytes) -> bytes:
+    """How the recent-segments cache keeps a segment: its incarnation, sha256 and schema on
+    a first line, then its bytes. A reader trusts a value only if both match."""
+    return f"{inc} {checksum} {schema}\n".encode() + body
+
+
+def parse_recent(value: bytes, inc: str) -> tuple[str, int, bytes] | None:
+    """(sha256, schema, body) of a cached segment of incarnation ``inc``; None otherwise."""
+    head, sep, body = value.partition(b"\n")
+    parts = head.split(b" ")
+    if not sep or len(parts) != 3 or parts[0].decode("ascii", "replace") != inc:
+        return None
+    try:
+        return parts[1].decode("ascii"), int(parts[2]), body
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +250,8 @@ class Coordinator:
         notify: dict[str, Any] | None = None,
         touch_index: bool = False,
         own: bool = False,
+        cache: bytes | None = None,
+        cache_cap: int = 0,
     ) -> CommitResult:
         """COMMIT segment from_seq+1. ``touch_index`` also bumps the session in the session
         index, in the same round trip (a pipeline: the index is in another hash slot, so it
@@ -233,7 +259,10 @@ class Coordinator:
 
         ``own``: the caller PUT this segment itself. When the slot is taken already the reply
         is then ALREADY only if the batch committed there is the caller's, and ZOMBIE if the
-        caller re-created a slot that compaction had retired (see scripts.COMMIT)."""
+        caller re-created a slot that compaction had retired (see scripts.COMMIT).
+
+        ``cache``: the segment as the recent-segments cache keeps it (``recent_value``), taken
+        while at most ``cache_cap`` bytes are pending compaction."""
         new_seq = from_seq + 1
         args: list[Any] = [inc, from_seq, ids[-1], len(ids)]
         tag = f"{new_seq}:"
@@ -248,6 +277,10 @@ class Coordinator:
         args.append(size)
         args.append("1" if own else "0")
         keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.job_pending(sid)]
+        if cache is not None and cache_cap > 0:
+            keys.append(self.keys.recent(sid))
+            args.append(cache)
+            args.append(cache_cap)
         if touch_index:
             res = self._call(lambda: self._commit_and_touch(sid, keys, args))
         else:
@@ -287,18 +320,24 @@ class Coordinator:
             raise first
         return first
 
-    def compacted(self, sid: str, inc: str, segments: int, size: int, through_seq: int = 0) -> None:
+    def compacted(
+        self, sid: str, inc: str, segments: int, size: int, through_seq: int = 0, generation: int = 0
+    ) -> None:
         """Subtract what a new manifest merged from the session's pending counters, and
-        record its ``through_seq`` as retired."""
-        self._call(
-            lambda: self._compacted(keys=[self.keys.tail(sid)], args=[inc, segments, size, through_seq])
-        )
+        record its ``through_seq`` as retired and its ``generation`` as the newest."""
+        args = [inc, segments, size, through_seq, generation]
+        keys = [self.keys.tail(sid), self.keys.recent(sid)]
+        self._call(lambda: self._compacted(keys=keys, args=args))
 
     def retired(self, sid: str, inc: str, through_seq: int) -> bool:
         """Fence segment slots 1..through_seq before GC deletes them (scripts.RETIRED).
         False when Redis holds no state of that incarnation (nothing to fence)."""
         return bool(
-            self._call(lambda: self._retired(keys=[self.keys.tail(sid)], args=[inc, through_seq]))
+            self._call(
+                lambda: self._retired(
+                    keys=[self.keys.tail(sid), self.keys.recent(sid)], args=[inc, through_seq]
+                )
+            )
         )
 
     def retired_through(self, sid: str, inc: str) -> int | None:
@@ -309,10 +348,22 @@ class Coordinator:
             return None
         return int(_s(got[1])) if got[1] is not None else 0
 
-    def tail(self, sid: str) -> TailState | None:
-        raw = self._call(
-            lambda: self.client.hmget(self.keys.tail(sid), "inc", "seq", "last", "count", "nids")
-        )
+    def tail(self, sid: str, *, recent: bool = False) -> TailState | None:
+        """The session's state; ``recent``: with the recent-segments cache, in the same round
+        trip (a pipeline: both keys are in the session's slot)."""
+        fields = ("inc", "seq", "last", "count", "nids", "cseq", "mgen")
+        cached: dict[bytes, bytes] = {}
+        if recent:
+
+            def both() -> list[Any]:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.hmget(self.keys.tail(sid), *fields)
+                pipe.hgetall(self.keys.recent(sid))
+                return pipe.execute()
+
+            raw, cached = self._call(both)
+        else:
+            raw = self._call(lambda: self.client.hmget(self.keys.tail(sid), *fields))
         if raw[0] is None:
             return None
         return TailState(
@@ -321,6 +372,9 @@ class Coordinator:
             last=_s(raw[2] or b""),
             count=int(raw[3] or 0),
             nids=int(raw[4] or 0),
+            cseq=int(raw[5] or 0),
+            mgen=int(raw[6] or 0),
+            recent={int(k): v for k, v in cached.items()} if cached else None,
         )
 
     def install(
@@ -337,6 +391,7 @@ class Coordinator:
         cseq: int = 0,
         read_at_ms: int = 0,
         max_age_ms: int = 0,
+        mgen: int = 0,
     ) -> str:
         """Install state rebuilt from the object store (``ids``: (id, seq, hash)).
 
@@ -344,7 +399,7 @@ class Coordinator:
         than ``max_age_ms`` by Redis's clock is refused with "STALE" (see scripts.INSTALL), a
         rebuild of a deleted incarnation with "DELETED". Otherwise "INSTALLED" or "KEPT"."""
         items = list(ids)
-        fence = (cseq, read_at_ms, max_age_ms)
+        fence = (cseq, read_at_ms, max_age_ms, mgen)
         pending = (pending_segments, pending_bytes)
         for _ in range(3):
             code = self._install_once(
@@ -364,7 +419,7 @@ class Coordinator:
         count: int,
         ids: list[tuple[str, int, str]],
         pending: tuple[int, int],
-        fence: tuple[int, int, int] = (0, 0, 0),
+        fence: tuple[int, int, int, int] = (0, 0, 0, 0),
     ) -> str:
         scratch = self.keys.ids_building(sid, uuid.uuid4().hex)
         nids = 0
@@ -384,7 +439,10 @@ class Coordinator:
         flush()
         if nids:
             self._call(lambda: self.client.expire(scratch, 600))
-        keys = [self.keys.tail(sid), self.keys.ids(sid), scratch, self.keys.deleted(sid)]
+        keys = [
+            self.keys.tail(sid), self.keys.ids(sid), scratch, self.keys.deleted(sid),
+            self.keys.recent(sid),
+        ]
         res = self._call(
             lambda: self._install(keys=keys, args=[inc, seq, last, count, nids, *pending, *fence])
         )
@@ -401,6 +459,7 @@ class Coordinator:
             self.keys.claim(sid),
             self.keys.deleted(sid),
             self.keys.access(sid),
+            self.keys.recent(sid),
         ]
         return bool(self._call(lambda: self._forget(keys=keys, args=[inc, deleted_for_ms])))
 

@@ -8,7 +8,9 @@ State of a session (all keys hash-tagged ``{sid}``):
   1..seq), ``nids`` (ids in the index, which also holds a fork's inherited path), ``cseq``
   (the highest ``through_seq`` of a manifest Redis has been told of: segments 1..cseq are
   retired and GC may delete them, so no writer may be told to write, or be acknowledged for,
-  one of those slots), ``pseg``/``pbytes`` (pending compaction).
+  one of those slots), ``mgen`` (the generation of the newest manifest Redis has been told
+  of: a hint for readers, never trusted without a check), ``pseg``/``pbytes`` (pending
+  compaction).
 - ``ids`` hash: entry id -> "<seq>:<content hash>".
 
 A missing ``tail`` never means "empty session": the scripts answer HYDRATE and the client
@@ -140,6 +142,10 @@ COMMIT = _PRELUDE + """
 -- the writer enqueues only when one is due and none is (no extra round trip per append).
 -- ARGV[8+2n] "1" when the segment is the caller's own (a writer committing what it PUT),
 --   "0" for a roll-forward of another writer's segment.
+-- KEYS[4] (optional) the recent-segments cache, ARGV[9+2n] the value to cache for slot
+--   from+1 ("" = none), ARGV[10+2n] the most bytes pending compaction for which the cache
+--   still takes segments. Cached only on OK: the caller's PUT created the slot and no
+--   manifest retired it, so the value is the slot's one and only content (docs/design.md).
 -- Slot from+1 is *taken* when Redis's tail is past it, or when a manifest retired it
 -- (from+1 <= cseq). The caller's PUT of from+1 succeeded, so if the slot is taken, either the
 -- segment committed there is the caller's (a roll-forward by someone else: every id of the
@@ -176,6 +182,11 @@ redis.call('HSET', KEYS[1], 'seq', from + 1, 'last', ARGV[3], 'count', s.count +
 local pseg = redis.call('HINCRBY', KEYS[1], 'pseg', 1)
 local pbytes = redis.call('HINCRBY', KEYS[1], 'pbytes', tonumber(ARGV[7 + 2 * n]))
 redis.call('PUBLISH', ARGV[5 + 2 * n], ARGV[6 + 2 * n])
+-- recent-segments cache
+if KEYS[4] and ARGV[9 + 2 * n] and ARGV[9 + 2 * n] ~= ''
+   and pbytes <= tonumber(ARGV[10 + 2 * n] or '0') then
+  redis.call('HSET', KEYS[4], from + 1, ARGV[9 + 2 * n])
+end
 local queued = 0
 if KEYS[3] then queued = redis.call('EXISTS', KEYS[3]) end
 return {'OK', from + 1, pseg, pbytes, queued}
@@ -184,11 +195,13 @@ return {'OK', from + 1, pseg, pbytes, queued}
 INSTALL = """
 -- INSTALL: replace a session's state with one rebuilt from the object store.
 -- KEYS[1] tail, KEYS[2] ids, KEYS[3] the scratch hash holding the rebuilt ids,
--- KEYS[4] the session's deletion marker (see FORGET)
+-- KEYS[4] the session's deletion marker (see FORGET), KEYS[5] (optional) the
+-- recent-segments cache (dropped when the state replaced was another incarnation's)
 -- ARGV[1] inc, ARGV[2] seq, ARGV[3] last, ARGV[4] count, ARGV[5] nids,
 --   ARGV[6] pseg, ARGV[7] pbytes (segments and bytes after the latest manifest),
 --   ARGV[8] cseq (through_seq of the manifest the rebuild read), ARGV[9] when the rebuild
---   started reading (client clock, ms), ARGV[10] the oldest rebuild accepted (ms; 0 = any)
+--   started reading (client clock, ms), ARGV[10] the oldest rebuild accepted (ms; 0 = any),
+--   ARGV[11] (optional) the generation of the manifest the rebuild read (mgen)
 -- A rebuild is a snapshot of the object store taken at ARGV[9]. One that reaches Redis too
 -- late (its process paused between reading and installing) may describe a session that
 -- compaction or a delete has since moved on from: it is refused (STALE) and done again.
@@ -212,13 +225,15 @@ if KEYS[4] and redis.call('GET', KEYS[4]) == ARGV[1] then
   redis.call('DEL', KEYS[3])
   return {'DELETED'}
 end
-local t = redis.call('HMGET', KEYS[1], 'inc', 'seq', 'nids', 'cseq')
+local t = redis.call('HMGET', KEYS[1], 'inc', 'seq', 'nids', 'cseq', 'mgen')
 local cseq = tonumber(ARGV[8] or '0')
+local mgen = tonumber(ARGV[11] or '0')
 if t[1] == ARGV[1] and tonumber(t[4] or '0') > cseq then cseq = tonumber(t[4]) end
+if t[1] == ARGV[1] and tonumber(t[5] or '0') > mgen then mgen = tonumber(t[5]) end
 if t[1] == ARGV[1] and tonumber(t[2]) >= tonumber(ARGV[2])
    and redis.call('HLEN', KEYS[2]) == tonumber(t[3]) then
   redis.call('DEL', KEYS[3])
-  redis.call('HSET', KEYS[1], 'cseq', cseq)
+  redis.call('HSET', KEYS[1], 'cseq', cseq, 'mgen', mgen)
   return {'KEPT', tonumber(t[2])}
 end
 if redis.call('HLEN', KEYS[3]) ~= tonumber(ARGV[5]) then
@@ -230,9 +245,11 @@ if tonumber(ARGV[5]) > 0 then
 else
   redis.call('DEL', KEYS[2], KEYS[3])
 end
+if KEYS[5] and t[1] ~= ARGV[1] then redis.call('DEL', KEYS[5]) end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'inc', ARGV[1], 'seq', ARGV[2], 'last', ARGV[3],
-           'count', ARGV[4], 'nids', ARGV[5], 'pseg', ARGV[6], 'pbytes', ARGV[7], 'cseq', cseq)
+           'count', ARGV[4], 'nids', ARGV[5], 'pseg', ARGV[6], 'pbytes', ARGV[7], 'cseq', cseq,
+           'mgen', mgen)
 return {'INSTALLED', tonumber(ARGV[2])}
 """
 
@@ -240,7 +257,8 @@ FORGET = """
 -- FORGET: drop a session's state, but only the state of the given incarnation
 -- ("*" = whatever is there).
 -- KEYS[1] tail, KEYS[2] ids, KEYS[3] job marker, KEYS[4] (optional) claim,
--- KEYS[5] (optional) the deletion marker, KEYS[6] (optional) a stream's last access;
+-- KEYS[5] (optional) the deletion marker, KEYS[6] (optional) a stream's last access,
+-- KEYS[7] (optional) the recent-segments cache;
 --   ARGV[1] inc, ARGV[2] (optional) how long (ms) to
 --   keep the marker "incarnation ARGV[1] was deleted", which makes INSTALL refuse a rebuild
 --   of it that read the header before the delete (a rebuilder that paused).
@@ -253,13 +271,23 @@ if ARGV[1] ~= '*' and inc and inc ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 if KEYS[4] then redis.call('DEL', KEYS[4]) end
 if KEYS[6] then redis.call('DEL', KEYS[6]) end
+if KEYS[7] then redis.call('DEL', KEYS[7]) end
 return 1
 """
 
 COMPACTED = """
+local function trim_recent(key, through)
+  -- Drop cached segments a manifest retired (readers of that manifest start after them).
+  local fields = redis.call('HKEYS', key)
+  for i = 1, #fields do
+    if tonumber(fields[i]) <= through then redis.call('HDEL', key, fields[i]) end
+  end
+end
 -- COMPACTED: a manifest now covers segments the counters still count as pending.
--- KEYS[1] tail; ARGV[1] inc, ARGV[2] segments merged, ARGV[3] bytes merged,
---   ARGV[4] the manifest's through_seq (raises cseq: see RETIRED)
+-- KEYS[1] tail, KEYS[2] (optional) the recent-segments cache; ARGV[1] inc, ARGV[2] segments merged, ARGV[3] bytes merged,
+--   ARGV[4] the manifest's through_seq (raises cseq: see RETIRED), ARGV[5] (optional) its
+--   generation (raises mgen: where readers find the newest manifest without a LIST; a hint
+--   they verify, see store/read.py)
 -- Returns {pseg, pbytes} after the subtraction (never below zero), or {} for another
 -- incarnation or missing state (nothing to correct: a rebuild recounts from the manifest).
 local inc = redis.call('HGET', KEYS[1], 'inc')
@@ -268,6 +296,11 @@ local through = tonumber(ARGV[4] or '0')
 if through > tonumber(redis.call('HGET', KEYS[1], 'cseq') or '0') then
   redis.call('HSET', KEYS[1], 'cseq', through)
 end
+local gen = tonumber(ARGV[5] or '0')
+if gen > tonumber(redis.call('HGET', KEYS[1], 'mgen') or '0') then
+  redis.call('HSET', KEYS[1], 'mgen', gen)
+end
+if KEYS[2] then trim_recent(KEYS[2], through) end
 local pseg = redis.call('HINCRBY', KEYS[1], 'pseg', -tonumber(ARGV[2]))
 local pbytes = redis.call('HINCRBY', KEYS[1], 'pbytes', -tonumber(ARGV[3]))
 if pseg < 0 then pseg = 0; redis.call('HSET', KEYS[1], 'pseg', 0) end
@@ -276,11 +309,18 @@ return {pseg, pbytes}
 """
 
 RETIRED = """
+local function trim_recent(key, through)
+  -- Drop cached segments a manifest retired (readers of that manifest start after them).
+  local fields = redis.call('HKEYS', key)
+  for i = 1, #fields do
+    if tonumber(fields[i]) <= through then redis.call('HDEL', key, fields[i]) end
+  end
+end
 -- RETIRED: segments 1..ARGV[2] of incarnation ARGV[1] are merged into a manifest and about
 -- to be deleted. Raises cseq (never lowers it), so that CHECK refuses to hand out, and COMMIT
 -- to acknowledge, any of those slots: a writer that paused between CHECK and PUT and then
 -- re-created a deleted slot is told ZOMBIE. GC runs it before every deletion of segments.
--- KEYS[1] tail; ARGV[1] inc, ARGV[2] through_seq
+-- KEYS[1] tail, KEYS[2] (optional) the recent-segments cache; ARGV[1] inc, ARGV[2] through_seq
 -- Returns 1 when recorded, 0 when there is no state of that incarnation (nothing to fence: a
 -- rebuild reads the manifest and starts from its through_seq).
 local inc = redis.call('HGET', KEYS[1], 'inc')
@@ -288,5 +328,6 @@ if inc ~= ARGV[1] then return 0 end
 if tonumber(ARGV[2]) > tonumber(redis.call('HGET', KEYS[1], 'cseq') or '0') then
   redis.call('HSET', KEYS[1], 'cseq', tonumber(ARGV[2]))
 end
+if KEYS[2] then trim_recent(KEYS[2], tonumber(ARGV[2])) end
 return 1
 """

@@ -34,7 +34,7 @@ import time
 import uuid
 from typing import Literal
 
-from coordination.redis import CheckResult, CommitResult
+from coordination.redis import CheckResult, CommitResult, recent_value
 from store import creates
 from store.context import StoreContext
 from store.entries import PreparedBatch, entry_hash
@@ -49,6 +49,7 @@ from store.errors import (
     SessionNotFoundError,
     UnknownParentError,
 )
+from store.migrations import CURRENT_SCHEMA
 from store.objects import StoredObject
 from store.read import Reader
 from store.records import AppendResult, Header
@@ -195,6 +196,7 @@ class Appender:
                 res = ctx.coord.commit(
                     sid, header.incarnation, n, batch.ids, batch.hashes,
                     size=len(batch.body), touch_index=self._index_due(sid), own=True,
+                    cache=self._recent(header, batch), cache_cap=ctx.options.recent_cache_bytes,
                 )
             except BackendError as exc:
                 log.warning("segment %d of %s: Redis unavailable at commit (%s); asking the "
@@ -222,6 +224,13 @@ class Appender:
                             n + 1, sid, exc)
                 return self._live_by_objects(sid, header, n + 1, batch, key)
         return self._live_by_objects(sid, header, n + 1, batch, key)
+
+    def _recent(self, header: Header, batch: PreparedBatch) -> bytes | None:
+        """The segment as Redis's recent-segments cache keeps it, if it is small enough."""
+        cap = self.ctx.options.recent_cache_bytes
+        if cap <= 0 or len(batch.body) > cap // 4:
+            return None
+        return recent_value(header.incarnation, batch.checksum, CURRENT_SCHEMA, batch.body)
 
     def _check_incarnation(self, sid: str, header: Header, seq: int, key: str) -> None:
         """Redis names another incarnation: ours ended (raise) or Redis's is stale (return)."""

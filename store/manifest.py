@@ -39,6 +39,8 @@ looks.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,10 +212,41 @@ def fence_manifest(
 class ManifestStore:
     """Reads and creates the manifests of a session's incarnation."""
 
+    #: Bytes of manifest JSON the process keeps parsed (``cached``).
+    CACHE_BYTES = 32 << 20
+
     def __init__(self, objects: ObjectStore, layout: Layout, retry: RetryPolicy) -> None:
         self.objects = objects
         self.layout = layout
         self.retry = retry
+        # (sid, inc, generation) -> (manifest, size). A manifest read once is kept: what it
+        # names is verified by every read that uses it (a deleted base answers 404 and the
+        # read starts over), and whatever it says stays a true state of the session.
+        self._cache: OrderedDict[tuple[str, str, int], tuple[Manifest, int]] = OrderedDict()
+        self._cache_bytes = 0
+        self._lock = threading.Lock()
+
+    def cached(self, sid: str, inc: str, generation: int) -> Manifest | None:
+        with self._lock:
+            got = self._cache.get((sid, inc, generation))
+            if got is None:
+                return None
+            self._cache.move_to_end((sid, inc, generation))
+            return got[0]
+
+    def _remember(self, sid: str, inc: str, manifest: Manifest, size: int) -> None:
+        if size > self.CACHE_BYTES // 8:
+            return
+        key = (sid, inc, manifest.generation)
+        with self._lock:
+            old = self._cache.pop(key, None)
+            if old is not None:
+                self._cache_bytes -= old[1]
+            self._cache[key] = (manifest, size)
+            self._cache_bytes += size
+            while self._cache_bytes > self.CACHE_BYTES and self._cache:
+                _, (_, dropped) = self._cache.popitem(last=False)
+                self._cache_bytes -= dropped
 
     def generations(self, sid: str, inc: str) -> list[int]:
         """Every listed generation, ascending (one paginated LIST)."""
@@ -229,7 +262,9 @@ class ManifestStore:
             gens = self.generations(sid, inc)
             if not gens:
                 return None
-            found = self.get(sid, inc, gens[-1])
+            # The newest listed is never deleted nor written again, so a copy kept
+            # parsed is what the object holds.
+            found = self.cached(sid, inc, gens[-1]) or self.get(sid, inc, gens[-1])
             if found is not None:
                 return found
             # Deleted between the LIST and the GET: a newer one exists. List again.
@@ -240,7 +275,11 @@ class ManifestStore:
             obj = self.retry.call(lambda: self.objects.get(key))
         except ObjectNotFoundError:
             return None
-        return Manifest.from_json(key, obj.data, obj.last_modified_ms)
+        manifest = Manifest.from_json(key, obj.data, obj.last_modified_ms)
+        if manifest.generation != generation:
+            raise CorruptObjectError(key, 0, f"manifest names generation {manifest.generation}")
+        self._remember(sid, inc, manifest, len(obj.data))
+        return manifest
 
     def newer_exists(self, sid: str, inc: str, manifest: Manifest | None) -> bool:
         """Does a manifest newer than ``manifest`` exist? One LIST from its generation on.

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from coordination.redis import TailState
+from coordination.redis import TailState, parse_recent
 from store.context import StoreContext
 from store.errors import (
     BackendError,
@@ -38,7 +39,7 @@ from store.layout import Layout
 from store.manifest import Manifest
 from store.migrations import CURRENT_SCHEMA
 from store.records import ForkPoint, Header
-from store.segments import contiguous, decode_base_object, read_segment
+from store.segments import contiguous, decode_base_object, decode_object, read_segment
 
 _MAX_READ_RESTARTS = 8
 
@@ -88,10 +89,7 @@ class Reader:
         state: TailState | None = None
         header = ctx.headers.cached(sid)
         if header is not None:
-            try:
-                state = ctx.coord.tail(sid)
-            except BackendError:
-                state = None
+            state = self._tail(sid)
             if state is None or state.inc != header.incarnation:
                 header, state = None, None
         if header is None:
@@ -103,11 +101,14 @@ class Reader:
         self, sid: str, header: Header, *, use_hint: bool, state: TailState | None = None
     ) -> SessionData:
         inherited: Entries = self.fork_path(header.fork) if header.fork is not None else []
+        named = use_hint  # may the manifest Redis names be tried before a LIST?
         for attempt in range(_MAX_READ_RESTARTS):
             try:
-                return self._read_once(sid, header, inherited, use_hint=use_hint, state=state)
+                return self._read_once(
+                    sid, header, inherited, use_hint=use_hint, state=state, named=named
+                )
             except SegmentRetired:
-                state = None
+                state, named = None, False
                 if attempt == 0:
                     # Objects vanished: compaction retired them, or the session was deleted
                     # (SessionNotFoundError) or re-created under a new incarnation.
@@ -122,49 +123,125 @@ class Reader:
         )
 
     def _read_once(
-        self, sid: str, header: Header, inherited: Entries, *, use_hint: bool, state: TailState | None
+        self,
+        sid: str,
+        header: Header,
+        inherited: Entries,
+        *,
+        use_hint: bool,
+        state: TailState | None,
+        named: bool = False,
     ) -> SessionData:
         ctx = self.ctx
         inc = header.incarnation
-        manifest = ctx.manifests.latest(sid, inc)
-        ctx.fault("read.after_manifest", session_id=sid)
-        first = manifest.through_seq + 1 if manifest else 1
-        known = self._known_segments(sid, inc, first, use_hint=use_hint, state=state)
+        if use_hint and state is None:
+            state = self._tail(sid)
+        hint = state if use_hint and state is not None and state.inc == inc else None
         pool = ctx.pool
-        bases = [pool.submit(self._get_base, b) for b in (manifest.bases if manifest else ())]
-        segments = {s: pool.submit(self._get_segment, sid, inc, s, header.schema) for s in known}
+        # The newest manifest: the one Redis names (parsed once per process, or fetched in
+        # the round below), else one LIST and a GET. Redis names it only as a hint: every
+        # object it leads to is verified, and the end of the read is checked after the fact.
+        fetching: Future[Manifest | None] | None = None
+        if named and hint is not None and hint.mgen > 0:
+            manifest = ctx.manifests.cached(sid, inc, hint.mgen)
+            if manifest is not None and manifest.through_seq >= hint.cseq:
+                first = manifest.through_seq + 1
+            else:
+                manifest, first = None, hint.cseq + 1  # checked when it arrives
+                fetching = pool.submit(ctx.manifests.get, sid, inc, hint.mgen)
+        elif named and hint is not None and hint.cseq == 0:
+            # Redis was told of no manifest. One may exist that it was not told of (a
+            # compactor that stopped before telling it), but GC deletes no segment before
+            # Redis has heard that it is retired, so segments 1.. are all still there.
+            manifest, first = None, 1
+        else:
+            manifest = ctx.manifests.latest(sid, inc)
+            first = manifest.through_seq + 1 if manifest else 1
+        ctx.fault("read.after_manifest", session_id=sid)
+        known = self._known_segments(sid, inc, first, hint=hint)
         # Speculatively, in the same round: the probe past the known tail.
         last_known = known[-1] if known else first - 1
         probe = pool.submit(self._get_segment, sid, inc, last_known + 1, header.schema)
+        cached = self._recent_segments(sid, inc, known, hint)
+        segments = {
+            s: cached[s] if s in cached else pool.submit(self._get_segment, sid, inc, s, header.schema)
+            for s in known
+        }
+        if fetching is not None:
+            manifest = fetching.result()
+            if manifest is None or manifest.through_seq != first - 1:
+                # Deleted behind a newer one (GC), or Redis's counters lag the manifest it
+                # names: read it the long way.
+                _drain(segments.values(), probe)
+                raise SegmentRetired()
+        bases = [pool.submit(self._get_base, b) for b in (manifest.bases if manifest else ())]
         entries, seqs = self._base_entries(manifest, bases)
         seq, tail_bytes = self._take_segments(known, segments, entries, seqs, first - 1)
         seq, tail_bytes = self._probe(sid, inc, header.schema, probe, entries, seqs, seq, tail_bytes)
-        # The 404 that ended the probe (or a listing that came back short) may be a segment
-        # that a newer manifest retired and GC deleted while we paused: trust it only if,
-        # *after* it, no manifest newer than ours exists (slots after the newest manifest
-        # are never deleted). Never overlapped with the probe.
         ctx.fault("read.before_manifest_check", session_id=sid)
-        if ctx.manifests.newer_exists(sid, inc, manifest):
+        if not self._end_is_true(sid, inc, manifest, seq + 1, redis_ok=hint is not None):
             raise SegmentRetired()
         check_unique_ids(sid, inherited, entries)
         return SessionData(header, inherited, entries, seqs, seq, manifest, tail_bytes)
 
+    def _tail(self, sid: str) -> TailState | None:
+        try:
+            return self.ctx.coord.tail(sid, recent=self.ctx.options.recent_cache_bytes > 0)
+        except BackendError:
+            return None
+
+    def _recent_segments(
+        self, sid: str, inc: str, known: list[int], hint: TailState | None
+    ) -> dict[int, Future[tuple[Entries, int] | None]]:
+        """The known segments Redis's recent-segments cache holds, decoded, as completed
+        futures. A cached value is used only if it names our incarnation and its bytes match
+        the sha256 it was cached with; anything else is read from the object store."""
+        out: dict[int, Future[tuple[Entries, int] | None]] = {}
+        recent = hint.recent if hint is not None else None
+        if not recent:
+            return out
+        for s in known:
+            value = recent.get(s)
+            parsed = parse_recent(value, inc) if value is not None else None
+            if parsed is None:
+                continue
+            checksum, schema, body = parsed
+            if not body or hashlib.sha256(body).hexdigest() != checksum:
+                continue
+            key = self.ctx.layout.segment(sid, inc, s)
+            done: Future[tuple[Entries, int] | None] = Future()
+            done.set_result((decode_object(key, body, checksum, schema), len(body)))
+            out[s] = done
+        return out
+
+    def _end_is_true(
+        self, sid: str, inc: str, manifest: Manifest | None, end: int, *, redis_ok: bool
+    ) -> bool:
+        """Was the 404 at slot ``end`` (the probe's, or a short listing's) the true end of
+        the session, and not a segment that a newer manifest retired and GC deleted while we
+        paused? Asked *after* that 404, never overlapped with it (docs/design.md, "Pauses").
+
+        GC deletes a slot only after Redis's ``cseq`` was raised past it (RETIRED), so when
+        Redis holds the incarnation's state, ``cseq < end`` read now proves the slot was never
+        deleted: one Redis round trip. Otherwise one LIST: no manifest newer than ours (slots
+        after the newest manifest are never deleted)."""
+        ctx = self.ctx
+        if redis_ok:
+            try:
+                retired = ctx.coord.retired_through(sid, inc)
+            except BackendError:
+                retired = None
+            if retired is not None:
+                return retired < end
+        return not ctx.manifests.newer_exists(sid, inc, manifest)
+
     def _known_segments(
-        self, sid: str, inc: str, first: int, *, use_hint: bool, state: TailState | None
+        self, sid: str, inc: str, first: int, *, hint: TailState | None
     ) -> list[int]:
         """Segments known to exist after the manifest: Redis's hint, else one LIST."""
         ctx = self.ctx
-        hint = -1
-        if use_hint:
-            try:
-                if state is None:
-                    state = ctx.coord.tail(sid)
-                if state is not None and state.inc == inc:
-                    hint = state.seq
-            except BackendError:
-                hint = -1
-        if hint >= first - 1:
-            return list(range(first, hint + 1))
+        if hint is not None and hint.seq >= first - 1:
+            return list(range(first, hint.seq + 1))
         prefix = ctx.layout.segment_prefix(sid, inc)
         start_after = ctx.layout.segment(sid, inc, first - 1) if first > 1 else None
         listed = ctx.options.retry.call(
@@ -375,6 +452,15 @@ def gc_paused() -> Iterator[None]:
             _gc_depth -= 1
             if _gc_depth == 0 and _gc_was_enabled:
                 gc.enable()
+
+
+def _drain(futures: Iterable[Future[Any]], *more: Future[Any]) -> None:
+    """Wait for requests whose answers are no longer needed (errors included), so that a
+    restart does not race them."""
+    for fut in (*futures, *more):
+        if not fut.cancel():
+            with contextlib.suppress(Exception):
+                fut.result()
 
 
 __all__ = ["Reader", "SegmentRetired", "SessionData", "check_unique_ids", "gc_paused"]

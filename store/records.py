@@ -139,6 +139,11 @@ class StoreOptions:
     #: Queue a compaction job once this many segments (or bytes) follow the last manifest.
     compact_after_segments: int = 64
     compact_after_bytes: int = 8 * 1024 * 1024
+    #: Redis keeps the segments of a session not yet compacted, up to this many bytes pending
+    #: compaction (each segment at most a quarter of it), so that a resume reads its live
+    #: tail in one round trip instead of one GET a segment. A cache: the object store holds
+    #: every segment, and a reader uses a cached one only if its sha256 matches. 0 disables.
+    recent_cache_bytes: int = 1 << 20
     #: Skip the start-up check that the backend refuses a second create (unsafe).
     allow_unsafe_backend: bool = False
     redis_socket_timeout: float = 2.0

@@ -118,6 +118,7 @@ class TailKeeper:
             pending_segments=data.seq - through,
             pending_bytes=data.tail_bytes,
             cseq=through,
+            mgen=data.manifest.generation if data.manifest else 0,
             read_at_ms=read_at,
             max_age_ms=max_age,
         )

@@ -286,14 +286,18 @@ def test_rebuild_paused_past_a_compaction_is_refused(
 # --- readers --------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("redis_after", ["kept", "flushed", "rebuilt"])
 def test_reader_paused_before_its_probe_past_two_compactions_is_not_truncated(
-    make_store: Callable[..., SessionStore], clock: FakeClock, redis_url: str
+    make_store: Callable[..., SessionStore], clock: FakeClock, redis_url: str, redis_after: str
 ) -> None:
     """Redis lags the object store (a writer died after its PUT: seg 4 exists, Redis says 3).
     A first reader sees seg 4. A second reader pauses on its probe of seg 4; meanwhile
     compaction merges it (gen 2), more is appended and compacted (gen 3) and GC deletes seg 4
-    *and* manifest 2. The probe's 404 must not end the read: the reader sees manifest 3 is
-    newer than its own and starts over (a HEAD of generation 2 alone would miss it)."""
+    *and* manifest 2. The probe's 404 must not end the read. Asked after the 404, Redis's
+    retired slot (``cseq``, raised before GC deleted anything) covers seg 4 and the reader
+    starts over; with Redis's state lost meanwhile, a LIST shows manifest 3 newer than its own
+    (a HEAD of generation 2 alone would miss it); with the state rebuilt meanwhile, the
+    rebuild read manifest 3 and its ``cseq`` covers seg 4 too."""
 
     class Died(Exception):
         pass
@@ -323,9 +327,49 @@ def test_reader_paused_before_its_probe_past_two_compactions_is_not_truncated(
     inc = w.get_header("p").incarnation
     assert w.objects.head(w.layout.manifest("p", inc, 2)) is None
     assert not segment_exists(w, "p", inc, 4)
+    if redis_after != "kept":
+        w.coord.client.flushall()
+    if redis_after == "rebuilt":
+        assert w.hydrate("p") is not None
     pause.release()
     ids = job.result()
-    assert ids[:4] == ["e0", "e1", "e2", "e3"]
+    assert ids == ["e0", "e1", "e2", "e3", "e4"]
+
+
+@pytest.mark.parametrize("kept_parsed", [True, False])
+def test_a_reader_led_by_a_stale_manifest_hint_reads_the_newest(
+    make_store: Callable[..., SessionStore], clock: FakeClock, kept_parsed: bool
+) -> None:
+    """Redis names manifest 1, but a compactor that stopped right after creating manifest 2
+    never told it, and GC has since deleted manifest 1, its base and the segments manifest 2
+    retired. A reader led by the hint (with manifest 1 kept parsed from an earlier read, or
+    not) must neither fail nor miss anything: what the hint names is gone (404), so it reads
+    the long way."""
+
+    class Stopped(Exception):
+        pass
+
+    def stop(point: str, ctx: dict[str, Any]) -> None:
+        if point == "compact.after_manifest":
+            raise Stopped()
+
+    w = make_store()
+    w.create_session("m")
+    chain(w, "m", [f"e{i}" for i in range(4)])
+    compact_and_collect(w, clock, "m")  # manifest 1 through 4, Redis told
+    reader = make_store()
+    if kept_parsed:
+        assert len(reader.load_session_entries("m")) == 4
+    chain(w, "m", ["e4", "e5"], "e3")
+    with pytest.raises(Stopped):
+        compactor_for(w, clock, fault_hook=stop).compact_session("m")  # manifest 2, untold
+    clock.advance(GRACE_MS + 1)
+    compactor_for(w, clock).gc_session("m")
+    inc = w.get_header("m").incarnation
+    assert w.objects.head(w.layout.manifest("m", inc, 1)) is None
+    tail = w.coord.tail("m")
+    assert tail is not None and tail.mgen == 1 and tail.cseq == 6  # the stale hint
+    assert [e["id"] for e in reader.load_session_entries("m")] == [f"e{i}" for i in range(6)]
 
 
 def test_reader_paused_after_reading_the_manifest_sees_the_same_session(
