@@ -39,7 +39,7 @@ from store.layout import Layout
 from store.manifest import Manifest
 from store.migrations import CURRENT_SCHEMA
 from store.records import ForkPoint, Header
-from store.segments import contiguous, decode_base_object, decode_object, read_segment
+from store.segments import contiguous, decode_object, read_base, read_segment
 
 _MAX_READ_RESTARTS = 8
 
@@ -331,12 +331,10 @@ class Reader:
 
     def _get_base(self, base: dict[str, Any]) -> Entries:
         ctx = self.ctx
-        key = str(base["key"])
         try:
-            obj = ctx.options.retry.call(lambda: ctx.objects.get(key))
+            return read_base(ctx.objects, ctx.options.retry, base)
         except ObjectNotFoundError:
             raise SegmentRetired() from None
-        return decode_base_object(obj, base)
 
     def map_own_entries(
         self, sid: str, header: Header, fn: Callable[[dict[str, Any]], T]
@@ -415,11 +413,12 @@ class Reader:
 
 
 def check_unique_ids(sid: str, inherited: Entries, entries: Entries) -> None:
+    ids = [e["id"] for e in inherited]
+    ids += [e["id"] for e in entries]
+    if len(set(ids)) == len(ids):
+        return
     seen: set[str] = set()
-    for e in inherited:
-        seen.add(e["id"])
-    for e in entries:
-        eid = e["id"]
+    for eid in ids:
         if eid in seen:
             raise CorruptObjectError(f"sessions/{sid}", 0, f"entry id {eid!r} appears twice")
         seen.add(eid)
