@@ -327,13 +327,20 @@ def _write_all(fd: int, blob: bytes) -> None:
 
 
 def _read_all(fd: int, size: int) -> bytes:
-    """The rest of the file (``size`` is a hint: a file dropped in by hand may change)."""
+    """The rest of the file: one read when it is ``size`` bytes as fstat said, more if it is
+    not (a file dropped in by hand may change)."""
     chunks = []
+    got = 0
+    want = size + 1
     while True:
-        chunk = os.read(fd, max(size, 65536))
+        chunk = os.read(fd, want)
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
+        got += len(chunk)
+        if got == size and len(chunk) < want:  # all of it, and a short read: the end
+            return b"".join(chunks)
+        want = 65536
 
 
 def _unlink_quietly(path: str) -> None:
