@@ -121,32 +121,41 @@ class RawS3(RawObjects):
 
 
 class RawFile(RawObjects):
-    """A durable create-if-absent on a local filesystem: write, fsync, link(2), fsync dir."""
+    """A durable create-if-absent on a local filesystem, the fewest steps: write a file with
+    no name yet (``O_TMPFILE``; a named temporary file where there is none), fsync it,
+    ``link(2)`` it to its name, fsync the directory. Directories are made once per parent."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.tmp = root / ".tmp-floor"
         self.tmp.mkdir(parents=True, exist_ok=True)
+        self._made: set[Path] = set()
+        self._unnamed = bool(getattr(os, "O_TMPFILE", 0)) and os.path.isdir("/proc/self/fd")
 
     def _path(self, key: str) -> Path:
         return self.root / key
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.tmp / uuid.uuid4().hex
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
+        if path.parent not in self._made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._made.add(path.parent)
         dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        tmp = None
         try:
+            if self._unnamed:
+                fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd)
+            else:
+                tmp = str(self.tmp / uuid.uuid4().hex)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+                os.link(tmp or f"/proc/self/fd/{fd}", path.name, dst_dir_fd=dfd, follow_symlinks=True)
+            finally:
+                os.close(fd)
+                if tmp:
+                    os.unlink(tmp)
             os.fsync(dfd)
         finally:
             os.close(dfd)

@@ -113,7 +113,9 @@ def expected_figures(params: dict[str, Any], compaction: bool) -> list[str]:
     curve = sorted(set(params["resume_sizes"]) | set(params["curve_small_sizes"]))
     for n in curve:
         names += [f"curve.{n}.{k}" for k in ("store_append_ms", "naive_append_ms", "floor_ms", "naive_resume_ms")]
-    names += ["local.append.p50_ms", "local.append_fsync.p50_ms"]
+    from benchmarks.scenarios.local import expected_figures as local_figures
+
+    names += local_figures()
     names += [f"local.{n}.resume_ms" for n in params["resume_sizes"]]
     names += [f"aio.{k}" for k in (
         "store.appends_per_s", "threads.appends_per_s", "ratio", "loop_lag_worst_ms", "loop_lag_p99_ms",

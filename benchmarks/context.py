@@ -38,8 +38,9 @@ class Params:
     curve_small_sizes: tuple[int, ...] = (10, 100)
     curve_appends: int = 8
     curve_appends_large: int = 4
-    #: Local file reference.
-    local_appends: int = 200
+    #: On this machine: rounds of one append on each side (pi's file, the embedded default,
+    #: SQLiteSession), interleaved.
+    local_appends: int = 300
     #: asyncio: tasks of one loop, sessions they share, appends per task, Redis round trips.
     aio_tasks: int = 100
     aio_sessions: int = 10

@@ -10,6 +10,7 @@ with ``raise ... from exc`` so that the cause stays visible.
     ├── InvalidInputError                   bad input; nothing was written
     │   ├── InvalidSessionIdError
     │   ├── InvalidEntryError               malformed entry, NaN, split surrogate pair, cycle, ...
+    │   ├── InvalidKeyError                 an object key that is not a safe relative path
     │   └── BatchTooLargeError
     ├── SessionNotFoundError
     ├── SessionExistsError
@@ -57,6 +58,18 @@ class InvalidSessionIdError(InvalidInputError):
         self.session_id = session_id
         detail = f": {reason}" if reason else ""
         super().__init__(f"invalid session id {session_id!r}{detail}")
+
+
+class InvalidKeyError(InvalidInputError):
+    """An object key outside the keys' syntax (``store.object_store.check_key``): empty,
+    absolute, with an empty, ``.``-led or ``..`` component, a NUL, a newline, a backslash or
+    any character outside ``[A-Za-z0-9._=-]``. Keys are made by the store, so this is a bug
+    in the caller, refused before anything is read or written."""
+
+    def __init__(self, key: object, reason: str = "") -> None:
+        self.key = key
+        detail = f": {reason}" if reason else ""
+        super().__init__(f"unsafe object key {key!r}{detail}")
 
 
 class InvalidEntryError(InvalidInputError):

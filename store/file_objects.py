@@ -1,17 +1,28 @@
 """``FileObjectStore``: the object store in a local directory (the embedded default).
 
-Create-if-absent is ``link(2)`` of a fully written, fsynced temporary file, which the kernel
-refuses atomically when the name is taken. ``OSError`` is translated here into
-``store.errors``.
+Create-if-absent is ``link(2)`` of a fully written, fsynced file that has no name yet, which
+the kernel refuses atomically when the name is taken; then the directory is fsynced, and only
+then is the create acknowledged. ``OSError`` is translated here into ``store.errors``.
+
+What survives what (docs/design.md, "The file backend"):
+
+- a crash of the process at any point: either no object or the whole object (a name only
+  ever appears on a complete file);
+- a power loss (or kernel crash): every acknowledged object, whole; an unacknowledged one is
+  absent or whole. Both fsyncs are needed for that: the file's before the link (or a name
+  could survive on a file whose bytes did not), the directory's after it (or the name could
+  be lost after the store said it was written, and Redis, which is told after, would be
+  ahead of the objects). ``fsync=False`` keeps the first guarantee only.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 import uuid
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import orjson
 
@@ -25,97 +36,221 @@ from store.errors import (
 from store.object_store import ObjectInfo, ObjectStore, StoredObject, check_key
 
 _FILE_MAGIC = b"SSOBJ1\n"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+#: A file with no name in a directory, linked into place once written (Linux 3.11+).
+_O_TMPFILE = getattr(os, "O_TMPFILE", 0)
+#: Times the directory of a key is opened again when it was removed under a create (a
+#: delete of the session pruning it): each round trip re-creates it.
+_DIR_ROUNDS = 8
+
+FaultHook = Callable[[str, dict[str, Any]], None]
 
 
 class FileObjectStore(ObjectStore):
-    """Objects as files below ``root``.
+    """Objects as files below ``root``; several processes may share one directory.
 
-    ``put_if_absent`` writes a temporary file, fsyncs it, then ``os.link``s it to its name:
-    link(2) fails with EEXIST when the name is taken, atomically, across processes. A crash
-    leaves at most a stray temporary file, never a partial object. Keys are checked
-    component by component, and every resolved path must stay below the root, so neither
-    ``..`` nor a symlink planted inside the tree can make the store write outside it.
+    ``put_if_absent`` writes the object into a file without a name (``O_TMPFILE``; or a
+    temporary file in ``.tmp/`` where the filesystem has no such files), fsyncs it,
+    ``link``s it to its name (``EEXIST`` when the name is taken: atomic across processes)
+    and fsyncs the directory. A crash leaves no partial object, at most a stray file in
+    ``.tmp/``.
+
+    Keys are checked syntactically (``check_key``: no ``..``, no absolute path, ...), then
+    walked directory by directory from the root with ``O_NOFOLLOW``, so neither a key nor a
+    symlink planted inside the tree can make the store read or write outside it, at the cost
+    of one ``open`` per component and no other lookup. Missing directories are created on
+    the way (and their parent fsynced) by ``put_if_absent`` only, so a directory is never
+    "known" to exist: a directory removed between the walk and the link makes the link fail
+    (``ENOENT``), and the walk is made again.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, fsync: bool = True, fault_hook: FaultHook | None = None
+    ) -> None:
         super().__init__()
         self.root = Path(root).absolute()
         self.root.mkdir(parents=True, exist_ok=True)
-        self._real_root = self.root.resolve()
+        self._root = str(self.root)
         self._tmp = self.root / ".tmp"
         self._tmp.mkdir(exist_ok=True)
         self._fsync = fsync
+        #: Named points of the create protocol where tests inject crashes and pauses.
+        self._fault = fault_hook
+        #: Files without a name, linked through /proc (else named temporary files in .tmp/).
+        self._unnamed = bool(_O_TMPFILE) and os.path.isdir("/proc/self/fd")
 
-    def _path(self, key: str) -> Path:
-        check_key(key)
-        path = self.root / key
-        parent = path.parent.resolve()
-        if parent != self._real_root and self._real_root not in parent.parents:
-            raise InvalidInputError(f"object key {key!r} escapes the store's root")
-        if path.is_symlink():
-            raise InvalidInputError(f"object key {key!r} is a symlink")
-        return path
+    # --- keys and directories ------------------------------------------------------------
+
+    def _open_dir(self, parts: list[str], *, create: bool) -> int:
+        """An fd of the directory ``root/parts...``, walked one component at a time, no
+        symlink followed. ``create``: make missing directories (their parents fsynced)."""
+        try:
+            fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            if not create:
+                raise
+            self.root.mkdir(parents=True, exist_ok=True)  # the whole tree was removed
+            fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in parts:
+                try:
+                    sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except NotADirectoryError:
+                    if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                        raise OSError(errno.ELOOP, "a symlink in the store's tree", part) from None
+                    raise  # an object where the key needs a directory
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass  # another process made it: we sync its entry all the same
+                    if self._fsync:
+                        # The new entry is durable before anything inside it is acknowledged.
+                        os.fsync(fd)
+                    sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = sub
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _open_object(self, key: str) -> int:
+        """A read fd of the object ``key`` (a regular file, not a symlink)."""
+        parts = check_key(key).split("/")
+        try:
+            dfd = self._open_dir(parts[:-1], create=False)
+            try:
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFoundError(key) from None
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+        return fd
+
+    # --- create ------------------------------------------------------------------------------
 
     def put_if_absent(
         self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
     ) -> None:
-        path = self._path(key)
+        parts = check_key(key).split("/")
+        blob = b"".join((_FILE_MAGIC, orjson.dumps(dict(metadata or {})), b"\n", data))
         self._count("put")
-        tmp = self._tmp / f"{uuid.uuid4().hex}.tmp"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(_FILE_MAGIC)
-                    fh.write(orjson.dumps(dict(metadata or {})))
-                    fh.write(b"\n")
-                    fh.write(data)
-                    fh.flush()
-                    if self._fsync:
-                        os.fsync(fh.fileno())
-                os.link(tmp, path)
-            except FileExistsError:
-                raise ObjectExistsError(key) from None
+            self._create(key, parts, blob)
+        except (FileExistsError, NotADirectoryError):
+            # The name is taken (by an object, or a directory of other keys), or a component
+            # of it is an object (the contract's "a/b" beside "a/b/c").
+            raise ObjectExistsError(key) from None
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+
+    def _create(self, key: str, parts: list[str], blob: bytes) -> None:
+        dirs, name = parts[:-1], parts[-1]
+        fd: int | None = None
+        tmp: str | None = None
+        dfd = -1
+        try:
+            for round_no in range(_DIR_ROUNDS):
+                try:
+                    dfd = self._open_dir(dirs, create=True)
+                    if fd is None:
+                        fd, tmp = self._new_file(dfd)
+                        _write_all(fd, blob)
+                        if self._fsync:
+                            os.fsync(fd)  # the bytes are durable before a name points at them
+                    self._hook("file.put.before_link", key=key, fd=fd, round=round_no)
+                    # linkat(AT_SYMLINK_FOLLOW): the /proc link names the open file itself.
+                    os.link(tmp or f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
+                    break
+                except FileNotFoundError:
+                    # A directory on the way was removed since we walked it (a delete of
+                    # the session pruned it): linking into a removed directory fails, so
+                    # walk (and create) again. The written file is kept for the next try.
+                    if round_no == _DIR_ROUNDS - 1 or (tmp is not None and not os.path.exists(tmp)):
+                        raise
+                    if dfd >= 0:
+                        os.close(dfd)
+                        dfd = -1
+            self._hook("file.put.linked", key=key)
             if self._fsync:
-                _fsync_dir(path.parent)
+                os.fsync(dfd)  # the name is durable before the create is acknowledged
+        finally:
+            if fd is not None:
+                os.close(fd)
+            if tmp is not None:
+                _unlink_quietly(tmp)
+            if dfd >= 0:
+                os.close(dfd)
+
+    def _new_file(self, dfd: int) -> tuple[int, str | None]:
+        """A file to write the object into: (fd, None) for a file with no name in the
+        key's directory, or (fd, path) for a named temporary file in ``.tmp/``."""
+        if self._unnamed:
+            try:
+                return os.open(".", _O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd), None
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                    raise
+                self._unnamed = False  # this filesystem has none: named files from now on
+        tmp = f"{self._tmp}/{uuid.uuid4().hex}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:
+            self._tmp.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        return fd, tmp
+
+    def _hook(self, point: str, **ctx: Any) -> None:
+        if self._fault is not None:
+            self._fault(point, ctx)
+
+    # --- read --------------------------------------------------------------------------------
+
+    def get(self, key: str) -> StoredObject:
+        self._count("get")
+        fd = self._open_object(key)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ObjectNotFoundError(key)  # a directory of other keys
+            raw = _read_all(fd, st.st_size)
         except OSError as exc:
             raise _os_error(exc, key) from exc
         finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-
-    def get(self, key: str) -> StoredObject:
-        path = self._path(key)
-        self._count("get")
-        try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-                mtime_ns = os.fstat(fh.fileno()).st_mtime_ns
-        except FileNotFoundError:
-            raise ObjectNotFoundError(key) from None
-        except OSError as exc:
-            raise _os_error(exc, key) from exc
+            os.close(fd)
         obj = _unwrap(key, raw)
-        return StoredObject(obj.key, obj.data, obj.metadata, mtime_ns // 1_000_000)
+        # ctime, not mtime: link(2) sets it when the object appears under its name, while
+        # the mtime is when its bytes were written, which a pause before the link makes
+        # early (GC trusts this time not to be early; docs/design.md, "Pauses").
+        return StoredObject(obj.key, obj.data, obj.metadata, max(st.st_ctime_ns, st.st_mtime_ns) // 1_000_000)
 
     def head(self, key: str) -> ObjectInfo | None:
-        path = self._path(key)
         self._count("head")
         try:
-            with open(path, "rb") as fh:
-                head = fh.read(len(_FILE_MAGIC))
-                meta = fh.readline()
-                total = os.fstat(fh.fileno()).st_size
-        except FileNotFoundError:
+            fd = self._open_object(key)
+        except ObjectNotFoundError:
             return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            first = os.read(fd, 4096)
+            if first.startswith(_FILE_MAGIC):
+                nl = first.find(b"\n", len(_FILE_MAGIC))
+                if nl < 0:  # metadata longer than the first read
+                    first += _read_all(fd, st.st_size)
+                    nl = first.find(b"\n", len(_FILE_MAGIC))
+                return ObjectInfo(key, st.st_size - (nl + 1 if nl >= 0 else len(first)))
+            return ObjectInfo(key, st.st_size)
         except OSError as exc:
             raise _os_error(exc, key) from exc
-        if head != _FILE_MAGIC:
-            return ObjectInfo(key, total)
-        return ObjectInfo(key, total - len(head) - len(meta))
+        finally:
+            os.close(fd)
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         self._count("list")
@@ -154,23 +289,65 @@ class FileObjectStore(ObjectStore):
         yield from (n for n in names if not n.startswith("."))
 
     def delete(self, key: str) -> None:
-        path = self._path(key)
+        parts = check_key(key).split("/")
         self._count("delete")
         try:
-            os.unlink(path)
-        except FileNotFoundError:
+            dfd = self._open_dir(parts[:-1], create=False)
+        except (FileNotFoundError, NotADirectoryError):
             return
         except OSError as exc:
             raise _os_error(exc, key) from exc
+        try:
+            if stat.S_ISLNK(os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False).st_mode):
+                raise InvalidInputError(f"object key {key!r} is a symlink")
+            os.unlink(parts[-1], dir_fd=dfd)
+        except FileNotFoundError:
+            return
+        except IsADirectoryError:
+            return  # a directory of other keys, not an object
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+        finally:
+            os.close(dfd)
         # Empty directories are pruned so a deleted session leaves nothing behind; a
-        # concurrent writer that loses the race simply recreates its directory.
-        parent = path.parent
+        # concurrent writer that loses the race walks (creates) its directory again.
+        parent = self.root.joinpath(*parts[:-1])
         while parent != self.root:
             try:
                 parent.rmdir()
             except OSError:
                 break
             parent = parent.parent
+
+
+def _write_all(fd: int, blob: bytes) -> None:
+    view = memoryview(blob)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """The rest of the file: one read when it is ``size`` bytes as fstat said, more if it is
+    not (a file dropped in by hand may change)."""
+    chunks = []
+    got = 0
+    want = size + 1
+    while True:
+        chunk = os.read(fd, want)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        got += len(chunk)
+        if got == size and len(chunk) < want:  # all of it, and a short read: the end
+            return b"".join(chunks)
+        want = 65536
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _unwrap(key: str, raw: bytes) -> StoredObject:
@@ -185,20 +362,9 @@ def _unwrap(key: str, raw: bytes) -> StoredObject:
     return StoredObject(key, raw[nl + 1 :], meta if isinstance(meta, dict) else {})
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _os_error(exc: OSError, key: str) -> Exception:
+    if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink on the way
+        return InvalidInputError(f"object key {key!r}: a symlink in the store's tree ({exc})")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.ELOOP):
         return BackendRefusedError(f"object {key!r}: {exc}")
     return BackendUnavailableError(f"object {key!r}: {exc}")

@@ -3,7 +3,8 @@ the directory backend (``store/file_objects.py``) and the S3 backend (``store/s3
 
 - ``MemoryObjectStore``: a dict behind a lock; the reference implementation.
 - ``FileObjectStore``: a directory; create-if-absent is ``link(2)`` of a fully written,
-  fsynced temporary file, which the kernel refuses atomically when the name is taken.
+  fsynced file that has no name yet, which the kernel refuses atomically when the name is
+  taken, then an fsync of the directory.
 - ``S3ObjectStore``: boto3 with ``If-None-Match: *``.
 
 Foreign exceptions are translated in the backend modules, and only there, into

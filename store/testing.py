@@ -22,7 +22,7 @@ from typing import Iterator
 import pytest
 
 from store.errors import (
-    InvalidInputError,
+    InvalidKeyError,
     ObjectExistsError,
     ObjectNotFoundError,
 )
@@ -185,10 +185,16 @@ class ObjectStoreContract:
         objects.probe_conditional_writes(f"{prefix}_probe/")
         assert list(objects.list(f"{prefix}_probe/")) == []
 
-    @pytest.mark.parametrize("key", ["../x", "a/../b", "/abs", "a//b", "", "a/.hidden", "a/b c", "a\\b"])
+    @pytest.mark.parametrize("key", [
+        "../x", "a/../b", "a/..", "..", "/abs", "a//b", "", "a/", ".", "a/./b", "a/.hidden",
+        "a/b c", "a\\b", "a\x00b", "a\n", "a/b\n", "a\nb", "x" * 256, "/".join(["abc"] * 300),
+    ])
     def test_unsafe_keys_are_refused(self, objects: ObjectStore, prefix: str, key: str) -> None:
-        with pytest.raises(InvalidInputError):
+        """A key outside the syntax is a typed error (``InvalidKeyError``, an
+        ``InvalidInputError``), and nothing is written."""
+        with pytest.raises(InvalidKeyError):
             objects.put_if_absent(prefix + key if key and not key.startswith("/") else key, b"x")
+        assert list(objects.list(prefix)) == []
 
     def test_request_counter(self, objects: ObjectStore, prefix: str) -> None:
         before = objects.requests["get"]

@@ -6,7 +6,10 @@ ThreadedMotoServer and SeaweedFS, or MinIO / AWS when SESSIONSTORE_TEST_S3_URL i
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import shutil
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +20,9 @@ import pytest
 from store.errors import (
     ConditionalWritesUnsupportedError,
     InvalidInputError,
+    InvalidKeyError,
     ObjectExistsError,
+    ObjectNotFoundError,
 )
 from store.objects import (
     FileObjectStore,
@@ -28,6 +33,8 @@ from store.objects import (
     s3_prefix_of,
 )
 from store.testing import TRICKY, ObjectStoreContract, check_tricky_listing
+
+from harness.pausing import InThread, Pause
 
 
 class TestMemoryObjectStore(ObjectStoreContract):
@@ -82,6 +89,159 @@ class TestFileObjectStore(ObjectStoreContract):
             p.join(30)
         results = sorted(queue.get(timeout=5) for _ in procs)
         assert sum(r.startswith("won") for r in results) == 1, results
+
+
+class TestFileObjectStoreNamedTemporaries(ObjectStoreContract):
+    """The same contract where the filesystem has no unnamed files (no ``O_TMPFILE``): the
+    object is written to a named temporary file in ``.tmp/`` and linked from there."""
+
+    @pytest.fixture
+    def objects(self, tmp_path: Path) -> Iterator[ObjectStore]:
+        store = FileObjectStore(tmp_path / "objects")
+        store._unnamed = False
+        yield store
+
+
+def _files_below(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("key", ["../escape", "a/../../escape", "/etc/passwd", "a\x00b", "a/b\n", "a//b"])
+def test_file_store_refuses_unsafe_keys_for_every_operation(tmp_path: Path, key: str) -> None:
+    root = tmp_path / "objects"
+    store = FileObjectStore(root)
+    for op in (lambda: store.put_if_absent(key, b"x"), lambda: store.get(key),
+               lambda: store.head(key), lambda: store.delete(key)):
+        with pytest.raises(InvalidKeyError):
+            op()
+    assert _files_below(tmp_path) == []
+    assert sorted(p.name for p in root.iterdir()) == [".tmp"]
+
+
+# --- crash-atomicity of the create protocol: a fault point between its steps ----------------
+
+_KEY = "sessions/s1/inc1/seg/000000000001.jsonl"
+_BIG = bytes(range(256)) * (3 << 12)  # 3 MiB, several extents: a torn write would show
+
+
+def _crash_at(root: str, point: str, unnamed: bool) -> None:
+    """A process that dies (no cleanup, no flush: ``os._exit``) at ``point`` of a create."""
+
+    def die(reached: str, ctx: dict[str, object]) -> None:
+        if reached == point:
+            os._exit(17)
+
+    store = FileObjectStore(root, fault_hook=die)
+    store._unnamed = unnamed
+    store.put_if_absent(_KEY, _BIG, {"nonce": "crashed"})
+    os._exit(0)  # the crash point was never reached
+
+
+def _read_in_process(root: str, key: str, queue: "object") -> None:
+    try:
+        obj = FileObjectStore(root).get(key)
+        queue.put((obj.data, dict(obj.metadata)))  # type: ignore[attr-defined]
+    except ObjectNotFoundError:
+        queue.put(None)  # type: ignore[attr-defined]
+
+
+def _read_elsewhere(root: Path, key: str) -> tuple[bytes, dict[str, str]] | None:
+    """What another process reads at ``key``."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_read_in_process, args=(str(root), key, queue))
+    proc.start()
+    try:
+        return queue.get(timeout=60)  # type: ignore[no-any-return]
+    finally:
+        proc.join(30)
+
+
+@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed", "named-temporary"])
+@pytest.mark.parametrize("point", ["file.put.before_link", "file.put.linked"])
+def test_a_crash_between_the_steps_of_a_create_leaves_nothing_or_everything(
+    tmp_path: Path, point: str, unnamed: bool
+) -> None:
+    root = tmp_path / "objects"
+    FileObjectStore(root)
+    proc = mp.get_context("spawn").Process(target=_crash_at, args=(str(root), point, unnamed))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 17, "the writer did not reach the fault point"
+    store = FileObjectStore(root)
+    if point == "file.put.before_link":
+        # Written and synced, not linked: no object, and its name is free.
+        with pytest.raises(ObjectNotFoundError):
+            store.get(_KEY)
+        assert store.head(_KEY) is None
+        assert list(store.list("sessions/")) == []
+        store.put_if_absent(_KEY, b"after", {"nonce": "next"})
+        assert store.get(_KEY).data == b"after"
+    else:
+        # Linked: the whole object, to this process and to any other.
+        obj = store.get(_KEY)
+        assert obj.data == _BIG and obj.metadata == {"nonce": "crashed"}
+        assert _read_elsewhere(root, _KEY) == (_BIG, {"nonce": "crashed"})
+        with pytest.raises(ObjectExistsError):
+            store.put_if_absent(_KEY, b"again", {"nonce": "next"})
+    # At most a stray temporary file of the dead writer, only in .tmp/ (named mode).
+    stray = [f for f in _files_below(root) if f != _KEY]
+    assert all(f.startswith(".tmp/") for f in stray), stray
+    assert stray == [] if unnamed else len(stray) <= 1
+
+
+@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed", "named-temporary"])
+def test_a_create_paused_before_its_link_survives_its_directory_being_removed(
+    tmp_path: Path, unnamed: bool
+) -> None:
+    """The writer walked (created) the key's directory and wrote the object, then paused;
+    meanwhile the session was deleted (its directories pruned) and written again by another
+    process. Resumed, the create lands in the directory that exists now (never in the removed
+    one), is seen whole by another process once acknowledged, and dates from its link, not
+    from the write before the pause."""
+    root = tmp_path / "objects"
+    pause = Pause("file.put.before_link")
+    writer = FileObjectStore(root, fault_hook=pause)
+    writer._unnamed = unnamed
+    other = FileObjectStore(root)
+    sibling = "sessions/s1/inc1/seg/000000000002.jsonl"
+    other.put_if_absent(sibling, b"s")
+
+    put = InThread(lambda: writer.put_if_absent(_KEY, _BIG, {"nonce": "paused"}))
+    pause.wait_paused()
+    assert _read_elsewhere(root, _KEY) is None  # written, not yet an object
+    os.utime(pause.seen[-1][1]["fd"], ns=(0, 0))  # its bytes look written long ago
+    other.delete(sibling)  # the last object: the directories are pruned
+    assert not (root / "sessions").exists()
+    other.put_if_absent("sessions/s1/inc2/header.json", b"h")  # created again meanwhile
+    before_ms = int(time.time() * 1000)
+    pause.release()
+    put.result()
+
+    assert [p for p, _ in pause.seen].count("file.put.before_link") == 2  # walked again
+    assert _read_elsewhere(root, _KEY) == (_BIG, {"nonce": "paused"})
+    obj = other.get(_KEY)
+    assert obj.data == _BIG
+    assert obj.last_modified_ms is not None and obj.last_modified_ms >= before_ms - 1000
+    assert sorted(i.key for i in other.list("sessions/")) == [_KEY, "sessions/s1/inc2/header.json"]
+
+
+def test_a_create_into_a_directory_swapped_for_a_symlink_is_refused(tmp_path: Path) -> None:
+    """A directory replaced by a symlink while a create is paused: the create walks again
+    (the directory it opened is gone) and refuses the symlink; nothing lands outside."""
+    root = tmp_path / "objects"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    pause = Pause("file.put.before_link")
+    writer = FileObjectStore(root, fault_hook=pause)
+    put = InThread(lambda: writer.put_if_absent("s/d/k", b"x"))
+    pause.wait_paused()
+    shutil.rmtree(root / "s" / "d")
+    os.symlink(outside, root / "s" / "d")
+    pause.release()
+    with pytest.raises(InvalidInputError):
+        put.result()
+    assert list(outside.iterdir()) == []
 
 
 def _race_file_put(root: str, i: int, queue: "object") -> None:
