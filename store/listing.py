@@ -223,6 +223,8 @@ def header_fields(header: Header) -> dict[str, str | int]:
     fork = fork_of(header)
     if fork:
         fields["fork"] = fork
+    if header.fork is not None:
+        fields["fork_entry"] = header.fork.entry_id
     path = header.config.get("path")
     if isinstance(path, str):
         fields["path"] = path
@@ -278,6 +280,7 @@ def info_of(sid: str, tail: list[Any], summary: dict[str, str]) -> SessionInfo |
             bytes=int(summary.get("bytes", 0)),
             first_message=summary.get("first"),
             path=summary.get("path"),
+            fork_entry_id=summary.get("fork_entry"),
         )
     except (KeyError, ValueError):
         return None  # a summary that lost fields: rebuilt
@@ -296,6 +299,7 @@ def info_from_fields(sid: str, fields: dict[str, str | int], count: int) -> Sess
         bytes=int(fields.get("bytes", 0)),
         first_message=_opt(fields.get("first")),
         path=_opt(fields.get("path")),
+        fork_entry_id=_opt(fields.get("fork_entry")),
     )
 
 

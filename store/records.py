@@ -132,6 +132,8 @@ class SessionInfo:
     first_message: str | None = None
     #: The stream path the session is served under over HTTP (``Header.config["path"]``).
     path: str | None = None
+    #: A forked session's fork point: the source's entry its history ends at.
+    fork_entry_id: str | None = None
 
 
 FaultHook = Callable[[str, dict[str, Any]], None]

@@ -149,6 +149,7 @@ class TailKeeper:
         """The listing's summary from the rebuild's read, installed if Redis's tail is at the
         segment the read ended at (scripts.SUMMARY); best effort: a listing rebuilds it."""
         fields = summary_fields(header, data, last_update_ms(self.ctx, header, data))
+        self.ctx.fault("summary.before_install", session_id=sid, seq=data.seq)
         try:
             self.ctx.coord.install_summary(sid, header.incarnation, data.seq, fields)
         except BackendError as exc:

@@ -196,11 +196,11 @@ def _time_ms(text: str) -> int:
     from datetime import UTC, datetime
 
     try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(text)
     except ValueError:
         raise CliError(f"--since {text!r}: not epoch milliseconds or an ISO 8601 time", Exit.USAGE) from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)  # noqa: FURB162 - a naive time is taken as UTC
+        when = when.replace(tzinfo=UTC)  # a time without a zone is UTC
     return int(when.timestamp() * 1000)
 
 
