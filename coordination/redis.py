@@ -74,12 +74,22 @@ class SummaryDelta:
     #: The batch holds a redaction: drop the summary (a listing rebuilds it).
     reset: bool = False
 
-    def args(self) -> list[str]:
+    def args(self) -> list[str | bytes]:
         if self.reset:
             return ["!", "", ""]
         if self.name is None:
-            return ["-", "", self.first]
-        return ["=", self.name, self.first]
+            return ["-", "", _text(self.first)]
+        return ["=", _text(self.name), _text(self.first)]
+
+
+def _text(value: str) -> bytes:
+    """Text as Redis keeps it: UTF-8, a lone surrogate (JavaScript strings may hold one, and
+    pi's entries are JavaScript's) passed through as ``_read_text`` reads it back."""
+    return value.encode("utf-8", "surrogatepass")
+
+
+def _read_text(value: Any) -> str:
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else str(value)
 
 
 def _s(value: Any) -> str:
@@ -399,7 +409,7 @@ class Coordinator:
         args: list[Any] = [inc, seq]
         for name, value in fields.items():
             args.append(name)
-            args.append(value)
+            args.append(_text(value) if isinstance(value, str) else value)
         keys = [self.keys.tail(sid), self.keys.summary(sid)]
         return _s(self._call(lambda: self._summary(keys=keys, args=args)))
 
@@ -425,7 +435,7 @@ class Coordinator:
         out: list[tuple[list[Any], dict[str, str]]] = []
         for i in range(len(sids)):
             tail = [None if v is None else _s(v) for v in raw[2 * i]]
-            summary = {_s(k): _s(v) for k, v in (raw[2 * i + 1] or {}).items()}
+            summary = {_s(k): _read_text(v) for k, v in (raw[2 * i + 1] or {}).items()}
             out.append((tail, summary))
         return out
 

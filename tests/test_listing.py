@@ -379,3 +379,14 @@ def test_a_delete_paused_before_its_header_goes_and_one_that_stops_after(
     # A re-create under the same id is listed, with its new life's fields.
     lister.create_session("d2", cwd="/again")
     assert (every(lister)["d2"].cwd, every(lister)["d2"].entry_count) == ("/again", 0)
+
+
+def test_names_and_messages_with_lone_surrogates_are_listed_as_pi_reads_them(store: SessionStore) -> None:
+    # JavaScript strings may hold a lone surrogate; pi writes them, and the store keeps them.
+    store.create_session("js")
+    store.append_session_entries("js", [user("u1", None, "half \ud83d emoji"), named("n1", "u1", "Emoji hunt \ud83d")])
+    info = every(store)["js"]
+    assert info.name == "Emoji hunt \ud83d" == store.load_session("js").name
+    assert info.first_message == "half \ud83d emoji"
+    store.coord.client.flushall()
+    assert picker_fields(every(store)["js"]) == picker_fields(info)
