@@ -30,7 +30,7 @@ from benchmarks.results import (
     write_files,
 )
 
-SCENARIOS = ("append", "writers", "resume", "compaction", "curve", "local", "aio")
+SCENARIOS = ("append", "writers", "resume", "compaction", "curve", "local", "aio", "listing")
 #: Run only when named with --only: the frameworks' own backends beside their adapters, and
 #: the HTTP service against the library and the protocol's reference server (extras needed).
 OPTIONAL_SCENARIOS = ("peers", "http")
@@ -121,6 +121,9 @@ def expected_figures(params: dict[str, Any], compaction: bool) -> list[str]:
         "store.appends_per_s", "threads.appends_per_s", "ratio", "loop_lag_worst_ms", "loop_lag_p99_ms",
         "redis.native_us_per_call", "redis.offloaded_us_per_call",
     )]
+    from benchmarks.scenarios.listing import FIGURES as listing_figures
+
+    names += listing_figures
     return names
 
 
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(backend=backend, params=params, results=results, run_id=run_id)
     ctx.log(f"backend: {backend.description}")
 
-    from benchmarks.scenarios import aio, append, compaction, curve, local, resume, writers
+    from benchmarks.scenarios import aio, append, compaction, curve, listing, local, resume, writers
 
     compaction_api = compaction.find()
     steps: list[tuple[str, Callable[[], None]]] = []
@@ -180,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(("local", lambda: local.run(ctx)))
     if "aio" in only:
         steps.append(("aio", lambda: aio.run(ctx)))
+    if "listing" in only:
+        steps.append(("listing", lambda: listing.run(ctx)))
     if "peers" in only:
         from benchmarks.scenarios import peers
 

@@ -55,6 +55,10 @@ class Params:
     http_read_messages: int = 10_000
     http_read_batch: int = 100
     http_read_reps: int = 6
+    #: Listing: sessions, and timed reps of the first page and of every page.
+    listing_sessions: int = 2_000
+    listing_first_reps: int = 7
+    listing_all_reps: int = 3
     seed: int = 1
 
     @classmethod
@@ -86,6 +90,9 @@ class Params:
             http_read_messages=200,
             http_read_batch=50,
             http_read_reps=2,
+            listing_sessions=150,
+            listing_first_reps=2,
+            listing_all_reps=1,
         )
 
     @classmethod
@@ -95,6 +102,8 @@ class Params:
             append_rounds=300,
             phases=3,
             resume_sizes=(1_000, 10_000, 100_000),
+            listing_sessions=100_000,
+            listing_all_reps=2,
         )
 
     @property

@@ -211,7 +211,6 @@ def run(ctx: Context, out_dir: Path) -> None:
     micro["orjson_dumps_1kb_us"] = _median_us(lambda: orjson.dumps(one), k)
     kr = 50 if smoke else 300
     micro["redis_rtt_floor_us"] = _median_us(rtt, kr)
-    micro["redis_touch_session_zadd_us"] = _median_us(lambda: st.coord.touch_session(sid), kr)
     # The job marker is set once the threshold is crossed and no compactor took the job:
     # from then on every append repeats this SET NX.
     st.coord.enqueue_compaction(sid, reason="bench")

@@ -1,8 +1,10 @@
 """Every Redis key and channel name, behind one configurable prefix.
 
 Per-session keys carry the hash tag ``{sid}`` so that all of a session's keys live in one
-Redis Cluster slot and a Lua script may touch them together. The job queue and the session
-index are global keys in other slots: they are never touched from a per-session script.
+Redis Cluster slot and a Lua script may touch them together. The job queue is a global key
+in another slot: it is never touched from a per-session script. There is no global session
+index: listings page the object store and read each page's ``summary`` hashes in one
+pipeline (``store/listing.py``).
 """
 
 from __future__ import annotations
@@ -60,14 +62,14 @@ class Keys:
         read the header before the delete is never installed (see scripts.INSTALL)."""
         return f"{self.prefix}:{{{sid}}}:deleted"
 
+    def summary(self, sid: str) -> str:
+        """Hash: what a session picker shows (name, first user message, bytes, updated, the
+        header's fields), accounted through segment ``seq`` (see scripts.SUMMARY)."""
+        return f"{self.prefix}:{{{sid}}}:summary"
+
     def job_pending(self, sid: str) -> str:
         """Set while a compaction job for the session is queued (de-duplicates jobs)."""
         return f"{self.prefix}:{{{sid}}}:job"
-
-    @property
-    def sessions(self) -> str:
-        """Sorted set: session id scored by last update (ms). An index, not the truth."""
-        return f"{self.prefix}:sessions"
 
     @property
     def jobs(self) -> str:

@@ -8,7 +8,6 @@ server refusal is ``BackendRefusedError``.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -88,6 +87,35 @@ class CommitResult:
     job_queued: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class SummaryDelta:
+    """What one committed batch changes in the listing's summary (scripts.COMMIT)."""
+
+    #: The batch names the session (its last ``session_info``): the name, "" for none.
+    name: str | None = None
+    #: The batch's first user message, as the listing shows it ("" for none).
+    first: str = ""
+    #: The batch holds a redaction: drop the summary (a listing rebuilds it).
+    reset: bool = False
+
+    def args(self) -> list[str | bytes]:
+        if self.reset:
+            return ["!", "", ""]
+        if self.name is None:
+            return ["-", "", _text(self.first)]
+        return ["=", _text(self.name), _text(self.first)]
+
+
+def _text(value: str) -> bytes:
+    """Text as Redis keeps it: UTF-8, a lone surrogate (JavaScript strings may hold one, and
+    pi's entries are JavaScript's) passed through as ``_read_text`` reads it back."""
+    return value.encode("utf-8", "surrogatepass")
+
+
+def _read_text(value: Any) -> str:
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else str(value)
+
+
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -136,7 +164,7 @@ def redis_call(fn: Callable[[], T]) -> T:
 
 
 class Coordinator:
-    """Per-session tail, id index and notifications; the compaction queue and session index."""
+    """Per-session tail, id index, summary and notifications; the compaction queue."""
 
     def __init__(
         self,
@@ -155,6 +183,8 @@ class Coordinator:
         self._forget = client.register_script(scripts.FORGET)
         self._compacted = client.register_script(scripts.COMPACTED)
         self._retired = client.register_script(scripts.RETIRED)
+        self._summary = client.register_script(scripts.SUMMARY)
+        self._deleting = client.register_script(scripts.DELETING)
 
     @classmethod
     def from_url(
@@ -248,18 +278,19 @@ class Coordinator:
         *,
         size: int = 0,
         notify: dict[str, Any] | None = None,
-        touch_index: bool = False,
         own: bool = False,
+        summary: SummaryDelta | None = None,
         cache: bytes | None = None,
         cache_cap: int = 0,
     ) -> CommitResult:
-        """COMMIT segment from_seq+1. ``touch_index`` also bumps the session in the session
-        index, in the same round trip (a pipeline: the index is in another hash slot, so it
-        cannot be inside the script; its failure never fails the commit).
+        """COMMIT segment from_seq+1.
 
         ``own``: the caller PUT this segment itself. When the slot is taken already the reply
         is then ALREADY only if the batch committed there is the caller's, and ZOMBIE if the
         caller re-created a slot that compaction had retired (see scripts.COMMIT).
+
+        ``summary``: what the batch changes in the listing's summary (``store/listing.py``),
+        moved along in the same script when the summary is in step with the tail.
 
         ``cache``: the segment as the recent-segments cache keeps it (``recent_value``), taken
         while at most ``cache_cap`` bytes are pending compaction."""
@@ -277,14 +308,15 @@ class Coordinator:
         args.append(size)
         args.append("1" if own else "0")
         keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.job_pending(sid)]
-        if cache is not None and cache_cap > 0:
+        caching = cache is not None and cache_cap > 0
+        if summary is not None or caching:
+            keys.append(self.keys.summary(sid))
+            args.extend(summary.args() if summary is not None else ("", "", ""))
+        if caching:
             keys.append(self.keys.recent(sid))
             args.append(cache)
             args.append(cache_cap)
-        if touch_index:
-            res = self._call(lambda: self._commit_and_touch(sid, keys, args))
-        else:
-            res = self._call(lambda: self._commit(keys=keys, args=args))
+        res = self._call(lambda: self._commit(keys=keys, args=args))
         code = _s(res[0])
         if code == "INCARNATION":
             return CommitResult(code, inc=_s(res[1]))
@@ -299,26 +331,6 @@ class Coordinator:
                 job_queued=bool(int(res[4])),
             )
         return CommitResult(code, seq=int(res[1]))
-
-    def _commit_and_touch(self, sid: str, keys: list[str], args: list[Any]) -> Any:
-        if self.cluster:
-            # redis-py's cluster pipeline refuses EVALSHA: two round trips there.
-            res = self._commit(keys=keys, args=args)
-            try:
-                self.client.zadd(self.keys.sessions, {sid: int(time.time() * 1000)})
-            except redis.exceptions.RedisError as exc:
-                log.warning("session index not updated for %s: %s", sid, exc)
-            return res
-        pipe = self.client.pipeline(transaction=False)
-        # EVALSHA by hand: redis-py's Script in a pipeline asks SCRIPT EXISTS first, every time.
-        pipe.evalsha(self._commit.sha, len(keys), *keys, *args)
-        pipe.zadd(self.keys.sessions, {sid: int(time.time() * 1000)})
-        first, _touched = pipe.execute(raise_on_error=False)
-        if isinstance(first, redis.exceptions.NoScriptError):
-            return self._commit(keys=keys, args=args)  # loads the script, runs it once
-        if isinstance(first, Exception):
-            raise first
-        return first
 
     def compacted(
         self, sid: str, inc: str, segments: int, size: int, through_seq: int = 0, generation: int = 0
@@ -448,6 +460,44 @@ class Coordinator:
         )
         return _s(res[0])
 
+    # --- the listing's summaries (store/listing.py) -------------------------------------------
+
+    def install_summary(self, sid: str, inc: str, seq: int, fields: dict[str, str | int]) -> str:
+        """Install a summary computed from the object store through segment ``seq`` (see
+        scripts.SUMMARY): "INSTALLED", "KEPT", or "MOVED" (Redis's tail is elsewhere)."""
+        args: list[Any] = [inc, seq]
+        for name, value in fields.items():
+            args.append(name)
+            args.append(_text(value) if isinstance(value, str) else value)
+        keys = [self.keys.tail(sid), self.keys.summary(sid)]
+        return _s(self._call(lambda: self._summary(keys=keys, args=args)))
+
+    def mark_deleting(self, sid: str, inc: str) -> bool:
+        """Mark the summary of ``inc`` as being deleted (scripts.DELETING)."""
+        return bool(self._call(lambda: self._deleting(keys=[self.keys.summary(sid)], args=[inc])))
+
+    def summaries(self, sids: Sequence[str]) -> list[tuple[list[Any], dict[str, str]]]:
+        """For each session: its tail's ``inc``, ``seq``, ``count`` and its summary hash, in
+        one round trip (a pipeline; on Redis Cluster one per node holding a page's slots).
+        Read-only, so a resend after a timeout is safe."""
+        if not sids:
+            return []
+
+        def go() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for sid in sids:
+                pipe.hmget(self.keys.tail(sid), "inc", "seq", "count")
+                pipe.hgetall(self.keys.summary(sid))
+            return cast(list[Any], pipe.execute())
+
+        raw = self._call(go)
+        out: list[tuple[list[Any], dict[str, str]]] = []
+        for i in range(len(sids)):
+            tail = [None if v is None else _s(v) for v in raw[2 * i]]
+            summary = {_s(k): _read_text(v) for k, v in (raw[2 * i + 1] or {}).items()}
+            out.append((tail, summary))
+        return out
+
     def forget(self, sid: str, inc: str = "*", *, deleted_for_ms: int = 0) -> bool:
         """Drop the session's state (of ``inc`` only, unless "*"). ``deleted_for_ms``: also
         record for that long that ``inc`` was deleted, so that no rebuild of it is installed
@@ -459,11 +509,12 @@ class Coordinator:
             self.keys.claim(sid),
             self.keys.deleted(sid),
             self.keys.access(sid),
+            self.keys.summary(sid),
             self.keys.recent(sid),
         ]
         return bool(self._call(lambda: self._forget(keys=keys, args=[inc, deleted_for_ms])))
 
-    # --- session index and jobs (other slots: never inside a per-session script) ------------
+    # --- GC marks and jobs (other slots: never inside a per-session script) ------------------
 
     def gc_first_seen(self, sid: str, inc: str, now_ms: int) -> int | None:
         """When GC first saw objects of incarnation ``inc`` of a session without a header
@@ -481,21 +532,6 @@ class Coordinator:
         fields = [f"{sid}/{inc}" for inc in incs]
         if fields:
             self._call(lambda: self.client.hdel(self.keys.gc_seen, *fields), retry=False)
-
-    def touch_session(self, sid: str, when_ms: int | None = None) -> None:
-        score = when_ms if when_ms is not None else int(time.time() * 1000)
-        self._call(lambda: self.client.zadd(self.keys.sessions, {sid: score}), retry=False)
-
-    def session_index(self) -> dict[str, int]:
-        """Session id -> last update (ms), as far as Redis knows."""
-        pairs = self._call(
-            lambda: self.client.zrange(self.keys.sessions, 0, -1, withscores=True), retry=False
-        )
-        # redis-py types zrange loosely; with withscores=True it yields (member, score) pairs.
-        return {_s(pair[0]): int(pair[1]) for pair in cast(list[tuple[bytes, float]], pairs)}
-
-    def drop_session_from_index(self, sid: str) -> None:
-        self._call(lambda: self.client.zrem(self.keys.sessions, sid), retry=False)
 
     def enqueue_compaction(self, sid: str, *, reason: str, ttl_s: int = 3600) -> bool:
         """Queue one job for the session unless one is already pending."""

@@ -12,6 +12,7 @@ State of a session (all keys hash-tagged ``{sid}``):
   of: a hint for readers, never trusted without a check), ``pseg``/``pbytes`` (pending
   compaction).
 - ``ids`` hash: entry id -> "<seq>:<content hash>".
+- ``summary`` hash: what a listing shows, accounted through segment ``seq`` (see SUMMARY).
 
 A missing ``tail`` never means "empty session": the scripts answer HYDRATE and the client
 rebuilds the state from the object store. Every script is safe to run twice (redis-py may
@@ -142,9 +143,9 @@ COMMIT = _PRELUDE + """
 -- the writer enqueues only when one is due and none is (no extra round trip per append).
 -- ARGV[8+2n] "1" when the segment is the caller's own (a writer committing what it PUT),
 --   "0" for a roll-forward of another writer's segment.
--- KEYS[4] (optional) the recent-segments cache, ARGV[9+2n] the value to cache for slot
---   from+1 ("" = none), ARGV[10+2n] the most bytes pending compaction for which the cache
---   still takes segments. Cached only on OK: the caller's PUT created the slot and no
+-- KEYS[5] (optional, with KEYS[4]: see the summary block) the recent-segments cache,
+--   ARGV[12+2n] the value to cache for slot from+1 ("" = none), ARGV[13+2n] the most bytes
+--   pending compaction for which the cache still takes segments. Cached only on OK: the caller's PUT created the slot and no
 --   manifest retired it, so the value is the slot's one and only content (docs/design.md).
 -- Slot from+1 is *taken* when Redis's tail is past it, or when a manifest retired it
 -- (from+1 <= cseq). The caller's PUT of from+1 succeeded, so if the slot is taken, either the
@@ -183,12 +184,39 @@ local pseg = redis.call('HINCRBY', KEYS[1], 'pseg', 1)
 local pbytes = redis.call('HINCRBY', KEYS[1], 'pbytes', tonumber(ARGV[7 + 2 * n]))
 redis.call('PUBLISH', ARGV[5 + 2 * n], ARGV[6 + 2 * n])
 -- recent-segments cache
-if KEYS[4] and ARGV[9 + 2 * n] and ARGV[9 + 2 * n] ~= ''
-   and pbytes <= tonumber(ARGV[10 + 2 * n] or '0') then
-  redis.call('HSET', KEYS[4], from + 1, ARGV[9 + 2 * n])
+if KEYS[5] and ARGV[12 + 2 * n] and ARGV[12 + 2 * n] ~= ''
+   and pbytes <= tonumber(ARGV[13 + 2 * n] or '0') then
+  redis.call('HSET', KEYS[5], from + 1, ARGV[12 + 2 * n])
 end
 local queued = 0
 if KEYS[3] then queued = redis.call('EXISTS', KEYS[3]) end
+-- >>> summary (store/listing.py): keep the listing's summary in step with the tail.
+-- KEYS[4] (optional) the summary; ARGV[9+2n] "=" (the batch names the session: ARGV[10+2n],
+--   "" for no name), "-" (it does not), "!" (it holds a redaction: drop the summary, the next
+--   listing rebuilds it from what readers see), "" (no change: the caller sent none);
+--   ARGV[11+2n] the batch's first user message
+--   ("" for none). Only a summary accounted through `from` moves on to from+1; any other
+--   stays behind (a listing then rebuilds it).
+if KEYS[4] and ARGV[9 + 2 * n] and ARGV[9 + 2 * n] ~= '' then
+  local sm = redis.call('HMGET', KEYS[4], 'inc', 'seq')
+  if sm[1] == ARGV[1] and tonumber(sm[2]) == from then
+    local op = ARGV[9 + 2 * n]
+    if op == '!' then
+      redis.call('DEL', KEYS[4])
+    else
+      local now = redis.call('TIME')
+      redis.call('HSET', KEYS[4], 'seq', from + 1,
+                 'updated', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+      redis.call('HINCRBY', KEYS[4], 'bytes', tonumber(ARGV[7 + 2 * n]))
+      if op == '=' then
+        if ARGV[10 + 2 * n] == '' then redis.call('HDEL', KEYS[4], 'name')
+        else redis.call('HSET', KEYS[4], 'name', ARGV[10 + 2 * n]) end
+      end
+      if ARGV[11 + 2 * n] ~= '' then redis.call('HSETNX', KEYS[4], 'first', ARGV[11 + 2 * n]) end
+    end
+  end
+end
+-- <<< summary
 return {'OK', from + 1, pseg, pbytes, queued}
 """
 
@@ -258,7 +286,7 @@ FORGET = """
 -- ("*" = whatever is there).
 -- KEYS[1] tail, KEYS[2] ids, KEYS[3] job marker, KEYS[4] (optional) claim,
 -- KEYS[5] (optional) the deletion marker, KEYS[6] (optional) a stream's last access,
--- KEYS[7] (optional) the recent-segments cache;
+-- KEYS[7] (optional) the listing's summary, KEYS[8] (optional) the recent-segments cache;
 --   ARGV[1] inc, ARGV[2] (optional) how long (ms) to
 --   keep the marker "incarnation ARGV[1] was deleted", which makes INSTALL refuse a rebuild
 --   of it that read the header before the delete (a rebuilder that paused).
@@ -272,6 +300,7 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 if KEYS[4] then redis.call('DEL', KEYS[4]) end
 if KEYS[6] then redis.call('DEL', KEYS[6]) end
 if KEYS[7] then redis.call('DEL', KEYS[7]) end
+if KEYS[8] then redis.call('DEL', KEYS[8]) end
 return 1
 """
 
@@ -329,5 +358,36 @@ if tonumber(ARGV[2]) > tonumber(redis.call('HGET', KEYS[1], 'cseq') or '0') then
   redis.call('HSET', KEYS[1], 'cseq', tonumber(ARGV[2]))
 end
 if KEYS[2] then trim_recent(KEYS[2], tonumber(ARGV[2])) end
+return 1
+"""
+
+SUMMARY = """
+-- SUMMARY: install a session's summary (what a listing shows) computed from the object store
+-- through segment ARGV[2] of incarnation ARGV[1] (store/listing.py).
+-- KEYS[1] tail, KEYS[2] summary; ARGV[3..] field/value pairs (besides inc and seq)
+-- Installed only when Redis's tail names the same incarnation at the same segment: segments
+-- are immutable and slots 1..seq of an incarnation are committed for good, so the summary
+-- then describes exactly what Redis counts, however long the rebuild paused before getting
+-- here (a delete drops the tail, a re-create names another incarnation: MOVED). From then
+-- on COMMIT moves it along with the tail. A summary of the same incarnation at least as far
+-- is kept; a delete's mark (DELETING) survives a replacement.
+-- Returns 'INSTALLED' | 'KEPT' | 'MOVED' (the tail is elsewhere, or missing)
+local t = redis.call('HMGET', KEYS[1], 'inc', 'seq')
+if t[1] ~= ARGV[1] or tonumber(t[2]) ~= tonumber(ARGV[2]) then return 'MOVED' end
+local sm = redis.call('HMGET', KEYS[2], 'inc', 'seq', 'deleting')
+if sm[1] == ARGV[1] and tonumber(sm[2] or '-1') >= tonumber(ARGV[2]) then return 'KEPT' end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'inc', ARGV[1], 'seq', ARGV[2], unpack(ARGV, 3))
+if sm[1] == ARGV[1] and sm[3] then redis.call('HSET', KEYS[2], 'deleting', sm[3]) end
+return 'INSTALLED'
+"""
+
+DELETING = """
+-- DELETING: a delete of incarnation ARGV[1] is about to remove its header. Marks the summary
+-- so that listings read the header instead of trusting it, until FORGET drops it (a delete
+-- that stops in between leaves the mark: those listings stay right, one GET slower).
+-- KEYS[1] summary. Returns 1 if marked, 0 if there is no summary of that incarnation.
+if redis.call('HGET', KEYS[1], 'inc') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'deleting', '1')
 return 1
 """

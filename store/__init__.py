@@ -14,6 +14,7 @@ from store.errors import *  # noqa: F401,F403 - the error tree is part of the pu
 if TYPE_CHECKING:
     from store.aio import AsyncSessionHandle, AsyncSessionManager, AsyncSessionStore
     from store.core import SessionData, SessionHandle, SessionStore
+    from store.listing import SessionFilter, SessionPage
     from store.manager import SessionManager
     from store.records import (
         EMPTY_TAIL,
@@ -42,6 +43,8 @@ _LAZY = {
     "Header": "store.records",
     "ForkPoint": "store.records",
     "EMPTY_TAIL": "store.records",
+    "SessionPage": "store.listing",
+    "SessionFilter": "store.listing",
 }
 
 __all__ = sorted(_LAZY)

@@ -39,6 +39,7 @@ from store.core import SessionData, SessionStore
 from store.errors import IndeterminateError, InvalidInputError
 from store.follow import Follower
 from store.handles import SessionHandle
+from store.listing import SessionFilter, SessionPage
 from store.records import AppendResult, ForkPoint, Header, SessionInfo, TailInfo
 
 if TYPE_CHECKING:
@@ -185,8 +186,35 @@ class AsyncSessionStore:
     async def get_tail(self, session_id: str) -> TailInfo:
         return await self._run(self._store.get_tail, session_id)
 
-    async def list_sessions(self, *, limit: int | None = None) -> list[SessionInfo]:
-        return await self._run(self._store.list_sessions, limit=limit)
+    async def list_sessions(
+        self,
+        *,
+        cursor: str | None = None,
+        limit: int | None = None,
+        filters: SessionFilter | None = None,
+        **filter_args: Any,
+    ) -> SessionPage:
+        """One page of sessions (``SessionStore.list_sessions``)."""
+        return await self._run(
+            functools.partial(
+                self._store.list_sessions, cursor=cursor, limit=limit, filters=filters, **filter_args
+            )
+        )
+
+    async def iter_sessions(
+        self, *, page_size: int | None = None, filters: SessionFilter | None = None, **filter_args: Any
+    ) -> AsyncIterator[SessionInfo]:
+        """Every session, page after page (``SessionStore.iter_sessions``)."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_sessions(
+                cursor=cursor, limit=page_size, filters=filters, **filter_args
+            )
+            for info in page.items:
+                yield info
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     async def delete_session(self, session_id: str) -> None:
         await self._run(self._store.delete_session, session_id)

@@ -49,6 +49,7 @@ from store.errors import (
     SessionNotFoundError,
     UnknownParentError,
 )
+from store.listing import batch_delta
 from store.migrations import CURRENT_SCHEMA
 from store.objects import StoredObject
 from store.read import Reader
@@ -58,15 +59,12 @@ from store.tail import TailKeeper
 
 log = logging.getLogger("sessionstore")
 
-_INDEX_TOUCH_EVERY_S = 2.0
-
 
 class Appender:
     def __init__(self, ctx: StoreContext, reader: Reader, tail: TailKeeper) -> None:
         self.ctx = ctx
         self.reader = reader
         self.tail = tail
-        self._index_touched: dict[str, float] = {}
 
     def append(
         self, sid: str, batch: PreparedBatch, expected: str | None, *, incarnation: str | None = None
@@ -195,7 +193,8 @@ class Appender:
             try:
                 res = ctx.coord.commit(
                     sid, header.incarnation, n, batch.ids, batch.hashes,
-                    size=len(batch.body), touch_index=self._index_due(sid), own=True,
+                    size=len(batch.body), own=True,
+                    summary=batch_delta(header.kind, batch.entries),  # the listing's summary
                     cache=self._recent(header, batch), cache_cap=ctx.options.recent_cache_bytes,
                 )
             except BackendError as exc:
@@ -292,10 +291,10 @@ class Appender:
         except BackendError as exc:
             log.warning("zombie segment %s left for GC (%s)", key, exc)
 
-    # --- 5. compaction trigger and session index ---------------------------------------------
+    # --- 5. compaction trigger ----------------------------------------------------------------
 
     def _enqueue_if_due(self, sid: str, res: CommitResult) -> None:
-        # Separate commands: the job queue and the index live in other hash slots.
+        # A separate command: the job queue lives in another hash slot.
         opts = self.ctx.options
         try:
             if res.job_queued:
@@ -311,18 +310,6 @@ class Appender:
                 )
         except BackendError as exc:
             log.warning("compaction queue not updated for %s: %s", sid, exc)
-
-    def _index_due(self, sid: str) -> bool:
-        """Bump the session index at most every few seconds per session and process: it is
-        a hint for listings, and skipping it keeps most commits to a single script call."""
-        now = time.monotonic()
-        last = self._index_touched.get(sid, -1e9)
-        if now - last < _INDEX_TOUCH_EVERY_S:
-            return False
-        self._index_touched[sid] = now
-        if len(self._index_touched) > 100_000:
-            self._index_touched.clear()
-        return True
 
 
 def _wait_behind_claim(busy: int, res: CheckResult) -> None:

@@ -34,12 +34,20 @@ from store.errors import (
     ContentionError,
     EntryNotFoundError,
     InvalidInputError,
-    SessionNotFoundError,
 )
 from store.follow import Follower
 from store.handles import SessionHandle
 from store.headers import HeaderStore, new_header, uuid7
 from store.layout import Layout, check_session_id
+from store.listing import (
+    NO_FILTER,
+    Lister,
+    SessionFilter,
+    SessionPage,
+    check_cursor,
+    check_limit,
+    header_fields,
+)
 from store.manifest import Manifest, ManifestStore
 from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
 from store.read import Reader, SessionData, check_unique_ids
@@ -98,6 +106,7 @@ class SessionStore:
         self.reader = Reader(self.ctx)
         self.tail = TailKeeper(self.ctx, self.reader)
         self.appender = Appender(self.ctx, self.reader, self.tail)
+        self.lister = Lister(self.ctx, self.tail)
         self._probe_lock = threading.Lock()
         self._probed = self.options.allow_unsafe_backend
         try:
@@ -179,9 +188,11 @@ class SessionStore:
         try:
             if fork is None:
                 # A new session is known to be empty: say so now, or the first append would
-                # pay a rebuild from the object store (LISTs and probes) to learn it.
+                # pay a rebuild from the object store (LISTs and probes) to learn it. Its
+                # listing summary too (a fork's, with its inherited path, comes from the
+                # first rebuild: its first listing or append).
                 self.coord.install(sid, header.incarnation, seq=0, last="", count=0, ids=())
-            self.coord.touch_session(sid, header.created_at_ms)
+                self.coord.install_summary(sid, header.incarnation, 0, header_fields(header))
         except BackendError as exc:
             log.warning("Redis not told of new session %s (%s): it rebuilds on first use", sid, exc)
         return SessionHandle(self, header)
@@ -292,31 +303,47 @@ class SessionStore:
         """The newest manifest of an incarnation, or None."""
         return self.manifests.latest(check_session_id(session_id), incarnation)
 
-    def list_sessions(self, *, limit: int | None = None) -> list[SessionInfo]:
-        """Every session in the object store (the truth), with Redis's last-update hint."""
-        out: list[SessionInfo] = []
-        sids = list(self.objects.list_dirs(self.layout.sessions_prefix))
-        try:
-            updated = self.coord.session_index()
-        except BackendError:
-            updated = {}  # an index, not the truth: the listing stands without it
-        for sid in sids:
+    def list_sessions(
+        self,
+        *,
+        cursor: str | None = None,
+        limit: int | None = None,
+        filters: SessionFilter | None = None,
+        **filter_args: Any,
+    ) -> SessionPage:
+        """One page of sessions, in the object store's order of session ids, after ``cursor``
+        (a page's ``next_cursor``; None for the first page). ``limit``: 1..1000 sessions
+        listed (default 100). Each row is what a session picker shows (``SessionInfo``),
+        read from Redis's per-session summaries, without reading any session's entries:
+        one LIST and one Redis round trip a page (``store/listing.py``).
+
+        ``filters`` (or its fields as keywords: ``cwd``, ``cwd_prefix``, ``kind``,
+        ``updated_since_ms``, ``name_contains``) are applied to each page, so a page may hold
+        fewer rows than ``limit``, even none, while ``next_cursor`` still moves on; the
+        listing ends when ``next_cursor`` is None. Every session that exists from the first
+        page to the last is returned exactly once; one created or deleted meanwhile, at most
+        once. A bad cursor or limit is ``InvalidInputError`` (``InvalidCursorError``)."""
+        if filters is None:
             try:
-                header = self.headers.read(sid)
-            except SessionNotFoundError:
-                continue  # an interrupted delete, or objects without a header
-            out.append(
-                SessionInfo(
-                    session_id=sid,
-                    created_at_ms=header.created_at_ms,
-                    cwd=header.pi_header.get("cwd"),
-                    fork_of=header.fork.session_id if header.fork else None,
-                    updated_at_ms=updated.get(sid),
-                )
-            )
-            if limit is not None and len(out) >= limit:
-                break
-        return out
+                filters = SessionFilter(**filter_args) if filter_args else NO_FILTER
+            except TypeError as exc:
+                raise InvalidInputError(f"unknown listing filter: {exc}") from None
+        elif filter_args:
+            raise InvalidInputError("pass filters or filter keywords, not both")
+        return self.lister.page(check_cursor(cursor), check_limit(limit), filters)
+
+    def iter_sessions(
+        self, *, page_size: int | None = None, filters: SessionFilter | None = None, **filter_args: Any
+    ) -> Iterator[SessionInfo]:
+        """Every session, page after page (``list_sessions``): what tools that go through
+        the whole store iterate."""
+        cursor: str | None = None
+        while True:
+            page = self.list_sessions(cursor=cursor, limit=page_size, filters=filters, **filter_args)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     def delete_session(self, session_id: str) -> None:
         """Remove every object and every Redis key of the session.
@@ -328,6 +355,11 @@ class SessionStore:
         """
         sid = check_session_id(session_id)
         header = self.headers.read(sid)
+        try:
+            # Listings stop trusting the summary before the header goes (scripts.DELETING).
+            self.coord.mark_deleting(sid, header.incarnation)
+        except BackendError as exc:
+            log.warning("listing summary of %s not marked deleted (%s)", sid, exc)
         self.options.retry.call(lambda: self.objects.delete(self.layout.header(sid)))
         self.headers.forget(sid)
         self.ctx.fault("delete.after_header", session_id=sid)
@@ -339,7 +371,6 @@ class SessionStore:
             self.coord.forget(
                 sid, header.incarnation, deleted_for_ms=2 * self.options.rebuild_max_age_ms
             )
-            self.coord.drop_session_from_index(sid)
         except BackendError as exc:
             log.warning("Redis state of deleted session %s not dropped (%s): writers that "
                         "passed their check before the delete verify against the object "

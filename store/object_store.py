@@ -116,6 +116,19 @@ class ObjectStore(ABC):
         """The distinct next path components below ``prefix`` (which ends with '/') that
         hold objects: directories, as S3's common prefixes (not the objects at that level)."""
 
+    def list_dirs_page(
+        self, prefix: str, start_after: str | None, limit: int
+    ) -> tuple[list[str], bool]:
+        """Up to ``limit`` directories of ``list_dirs(prefix)`` that come after the name
+        ``start_after`` in this backend's listing order, and whether more may follow.
+
+        The order is fixed per backend (names here; S3 overrides this with one LIST request
+        a page), so that paging with ``start_after`` = the last name of the previous page
+        returns every directory present throughout exactly once. A directory emptied just
+        now may still be listed (SeaweedFS): callers check what they list."""
+        names = [n for n in self.list_dirs(prefix) if start_after is None or n > start_after]
+        return names[:limit], len(names) > limit
+
     @abstractmethod
     def delete(self, key: str) -> None: ...
 

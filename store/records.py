@@ -107,12 +107,33 @@ class Header:
 
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
+    """One row of a listing (``SessionStore.list_sessions``): what a session picker shows,
+    read without reading the session's entries (``store/listing.py``)."""
+
     session_id: str
     created_at_ms: int
     cwd: str | None
+    #: The session (or stream) this one was forked from.
     fork_of: str | None
-    #: From the coordinator's index when available (None when Redis does not know).
+    #: When a batch was last committed (Redis's clock; after a rebuild, the object store's
+    #: time of the last segment); the creation time before the first.
     updated_at_ms: int | None = None
+    #: pi's session name: the last ``session_info`` entry's, trimmed (None: no name).
+    name: str | None = None
+    #: ``"pi"`` or ``"stream"`` (``Header.kind``).
+    kind: str = "pi"
+    #: Entries readable in the session, a fork's inherited path included.
+    entry_count: int = 0
+    #: Bytes of the session's own entries as stored (JSONL; a fork's inherited path is the
+    #: source's).
+    bytes: int = 0
+    #: The first non-empty user message, whitespace collapsed, at most
+    #: ``store.listing.PREVIEW_CHARS`` characters (None: none yet, or not a pi session).
+    first_message: str | None = None
+    #: The stream path the session is served under over HTTP (``Header.config["path"]``).
+    path: str | None = None
+    #: A forked session's fork point: the source's entry its history ends at.
+    fork_entry_id: str | None = None
 
 
 FaultHook = Callable[[str, dict[str, Any]], None]

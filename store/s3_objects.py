@@ -295,6 +295,36 @@ class S3ObjectStore(ObjectStore):
             if not token:
                 return
 
+    def list_dirs_page(
+        self, prefix: str, start_after: str | None, limit: int
+    ) -> tuple[list[str], bool]:
+        """One LIST request: ``Delimiter='/'``, ``MaxKeys=limit``, ``StartAfter`` past the
+        directory ``start_after``. The order is S3's: by ``name + '/'`` in byte order on a
+        flat listing (``a-b/`` before ``a/``), so the page starts after every key of
+        ``start_after/`` (``StartAfter = prefix + start_after + '0'``, '0' being the
+        character after '/'); by name on a tree listing (SeaweedFS skips by name). A
+        directory emptied just now may be listed (SeaweedFS): unlike :meth:`list_dirs`, not
+        checked here (that would cost a request a directory); callers check."""
+        resp = self._list_page(
+            prefix, start_after=self._dir_start(prefix, start_after), delimiter="/", max_keys=limit
+        )
+        if self._tree_listing is None:
+            self._tree_listing = _served_by_seaweedfs(resp)
+            if self._tree_listing and start_after is not None:  # once: the order differs
+                return self.list_dirs_page(prefix, start_after, limit)
+        names = [item["Prefix"][len(prefix) :].rstrip("/") for item in resp.get("CommonPrefixes", [])]
+        if start_after is not None:
+            names = [n for n in names if self._dir_after(n, start_after)]
+        return names, bool(resp.get("IsTruncated"))
+
+    def _dir_start(self, prefix: str, start_after: str | None) -> str | None:
+        if start_after is None:
+            return None
+        return prefix + start_after if self._tree_listing else prefix + start_after + "0"
+
+    def _dir_after(self, name: str, start_after: str) -> bool:
+        return name > start_after if self._tree_listing else name + "/" > start_after + "/"
+
     def delete(self, key: str) -> None:
         self._count("delete")
         try:

@@ -23,9 +23,10 @@ from store.clock import now_ms
 from store.context import StoreContext
 from store.entries import entry_hash
 from store.errors import BackendError, BackendUnavailableError, ObjectNotFoundError
+from store.listing import batch_delta, info_from_fields, last_update_ms, summary_fields
 from store.objects import StoredObject
-from store.read import Reader
-from store.records import Header, TailInfo
+from store.read import Reader, SessionData
+from store.records import Header, SessionInfo, TailInfo
 from store.segments import decode_segment_object
 
 log = logging.getLogger("sessionstore")
@@ -43,7 +44,10 @@ class TailKeeper:
         entries = decode_segment_object(obj, header.schema)
         ids = [str(e["id"]) for e in entries]
         hashes = [entry_hash(e) for e in entries]
-        res = self.ctx.coord.commit(sid, header.incarnation, n, ids, hashes, size=len(obj.data))
+        res = self.ctx.coord.commit(
+            sid, header.incarnation, n, ids, hashes, size=len(obj.data),
+            summary=batch_delta(header.kind, entries),
+        )
         if res.code in ("HYDRATE", "BEHIND", "INCARNATION", "ZOMBIE"):
             self.repair(sid, header, "INCARNATION" if res.code == "INCARNATION" else "HYDRATE")
 
@@ -82,20 +86,38 @@ class TailKeeper:
         The rebuild is a snapshot taken when its first read started; Redis refuses one that
         arrives later than ``rebuild_max_age_ms`` after that (this process paused), and one
         of an incarnation that a delete ended meanwhile (see coordination/scripts.INSTALL).
-        A refused rebuild is done again from fresh reads.
+        A refused rebuild is done again from fresh reads. The listing's summary is rebuilt
+        from the same read (``store/listing.py``).
         """
+        self._rebuild(sid, header)
+        return self.ctx.coord.tail(sid)
+
+    def summarize(self, sid: str, header: Header) -> SessionInfo:
+        """The listing's row of a session, from the object store; its Redis state and
+        summary are rebuilt on the way (when Redis answers: else from the read alone)."""
+        try:
+            header, data, fields = self._rebuild(sid, header)
+        except BackendError as exc:
+            log.warning("listing %s without Redis (%s)", sid, exc)
+            data = self.reader.read(sid, header, use_hint=False)
+            fields = summary_fields(header, data, last_update_ms(self.ctx, header, data))
+        return info_from_fields(sid, fields, len(data.inherited) + len(data.entries))
+
+    def _rebuild(
+        self, sid: str, header: Header | None
+    ) -> tuple[Header, SessionData, dict[str, str | int]]:
         ctx = self.ctx
         max_age = ctx.options.rebuild_max_age_ms
         for _ in range(3):
             read_at = now_ms()  # before the first read: a pause only makes it look older
             header = header or ctx.headers.read(sid)
-            code = self._install(sid, header, read_at, max_age)
+            code, data = self._install(sid, header, read_at, max_age)
             if code == "DELETED":
                 ctx.headers.forget(sid)
                 header = None  # the next round re-reads it: SessionNotFoundError, or a new life
                 continue
             if code != "STALE":
-                return ctx.coord.tail(sid)
+                return header, data, self._install_summary(sid, header, data)
             log.warning("rebuild of %s took longer than %d ms: done again", sid, max_age)
             header = None
         raise BackendUnavailableError(
@@ -103,12 +125,12 @@ class TailKeeper:
             f"{max_age} ms (or met a delete); try again"
         )
 
-    def _install(self, sid: str, header: Header, read_at: int, max_age: int) -> str:
+    def _install(self, sid: str, header: Header, read_at: int, max_age: int) -> tuple[str, SessionData]:
         data = self.reader.read(sid, header, use_hint=False)
         ids: list[tuple[str, int, str]] = [(str(e["id"]), 0, entry_hash(e)) for e in data.inherited]
         ids.extend((str(e["id"]), s, entry_hash(e)) for e, s in zip(data.entries, data.seqs))
         through = data.manifest.through_seq if data.manifest else 0
-        return self.ctx.coord.install(
+        code = self.ctx.coord.install(
             sid,
             header.incarnation,
             seq=data.seq,
@@ -122,6 +144,18 @@ class TailKeeper:
             read_at_ms=read_at,
             max_age_ms=max_age,
         )
+        return code, data
+
+    def _install_summary(self, sid: str, header: Header, data: SessionData) -> dict[str, str | int]:
+        """The listing's summary from the rebuild's read, installed if Redis's tail is at the
+        segment the read ended at (scripts.SUMMARY); best effort: a listing rebuilds it."""
+        fields = summary_fields(header, data, last_update_ms(self.ctx, header, data))
+        self.ctx.fault("summary.before_install", session_id=sid, seq=data.seq)
+        try:
+            self.ctx.coord.install_summary(sid, header.incarnation, data.seq, fields)
+        except BackendError as exc:
+            log.warning("listing summary of %s not installed (%s)", sid, exc)
+        return fields
 
     # --- the true tail -----------------------------------------------------------------------
 

@@ -893,7 +893,7 @@ def test_bad_input_is_refused_with_a_typed_error_and_nothing_changes(urls: Urls)
         await service.append_event(session, Event(author="user", actions=EventActions(state_delta={"a": 1})))
         sid = service.store_session_id("my_app", "u", "s")
         before = await service.store.load_session_entries(sid)
-        store_before = {i.session_id for i in await service.store.list_sessions()}
+        store_before = {i.session_id for i in (await service.store.list_sessions()).items}
 
         for kwargs in (
             {"app_name": None, "user_id": "u"},
@@ -921,7 +921,7 @@ def test_bad_input_is_refused_with_a_typed_error_and_nothing_changes(urls: Urls)
             GetSessionConfig(num_recent_events=-1)
 
         assert await service.store.load_session_entries(sid) == before
-        assert {i.session_id for i in await service.store.list_sessions()} == store_before
+        assert {i.session_id for i in (await service.store.list_sessions()).items} == store_before
         # The session goes on as if nothing had been tried.
         await service.append_event(session, Event(author="user", actions=EventActions(state_delta={"a": 3})))
         got = await service.get_session(app_name="my_app", user_id="u", session_id="s")

@@ -313,7 +313,7 @@ def test_sdk_session_cases(s3_url: str, redis_url: str, redis_prefix: str) -> No
             assert kinds == [ITEM_TYPE] * 5 + [CLEAR_TYPE, ITEM_TYPE]
             # clearing a session never written creates nothing; delete() removes it for good
             await SessionStoreSession("never_written", store).clear_session()
-            assert "never_written" not in {i.session_id for i in await store.list_sessions()}
+            assert "never_written" not in {i.session_id for i in (await store.list_sessions()).items}
             await limited.delete()
             assert await limited.get_items() == []
             await limited.add_items([{"role": "user", "content": "reborn"}])

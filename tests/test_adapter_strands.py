@@ -338,7 +338,7 @@ def test_bad_input_is_refused_and_nothing_is_written(
         managers("bad/id")
     with pytest.raises(ValueError):
         managers("../escape")
-    assert store.list_sessions() == []
+    assert list(store.iter_sessions()) == []
 
     # The real loop: a tool result holding NaN cannot be stored.
     model = ScriptedModel([[{"toolUse": {"name": "measure", "toolUseId": "m1", "input": {}}}], [{"text": "ok"}]])
@@ -366,7 +366,7 @@ def test_bad_input_is_refused_and_nothing_is_written(
         repo.create_session(Session(session_id="bad", session_type=SessionType.AGENT))
     assert isinstance(exists.value, SessionException) and isinstance(exists.value, SessionExistsError)
     assert store.load_session_entries("bad") == before
-    assert [s.session_id for s in store.list_sessions()] == ["bad"]
+    assert [s.session_id for s in store.iter_sessions()] == ["bad"]
 
 
 # --- ported: strands' FileSessionManager / S3SessionManager repository tests -----------------------

@@ -348,7 +348,7 @@ def test_manager_appends_batches_and_forks(s3_url: str, redis_url: str, redis_pr
             assert other.get_session_name() == "named"
             fork = await store.branch_from_entry("mgr", first, "mgr-fork")
             assert [e["id"] for e in await fork.load_entries()] == [first]
-            sessions = {s.session_id for s in await store.list_sessions()}
+            sessions = {s.session_id for s in (await store.list_sessions()).items}
             assert {"mgr", "mgr-fork"} <= sessions
             await store.delete_session("mgr-fork")
             with pytest.raises(SessionNotFoundError):

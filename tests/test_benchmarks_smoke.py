@@ -40,6 +40,13 @@ ALWAYS = [
     "contention.lost",
     "local.append.p50_ms",
     "local.append_fsync.p50_ms",
+    "listing.sessions",
+    "listing.first_page.store_ms",
+    "listing.first_page.floor_ms",
+    "listing.first_page.ratio",
+    "listing.all.store_ms",
+    "listing.all.floor_ms",
+    "listing.all.ratio",
 ]
 PER_RESUME_SIZE = [
     "resume.{n}.uncompacted.store_ms",

@@ -125,7 +125,7 @@ class StoreMachine(RuleBasedStateMachine):
             tail = self.store.get_tail(sid)
             assert tail.seq == len(batches)
             assert tail.last_entry_id == (batches[-1][-1]["id"] if batches else "")
-        assert {s.session_id for s in self.store.list_sessions()} == set(self.model)
+        assert {s.session_id for s in self.store.iter_sessions()} == set(self.model)
 
 
 def test_store_against_model(redis_url: str, redis_prefix: str) -> None:

@@ -284,7 +284,7 @@ def test_delete_then_recreate_starts_clean(store: SessionStore) -> None:
     assert store.objects.head(store.layout.header("del")) is None
     assert list(store.objects.list(store.layout.session_prefix("del"))) == []
     assert store.coord.tail("del") is None
-    assert "del" not in [s.session_id for s in store.list_sessions()]
+    assert "del" not in [s.session_id for s in store.iter_sessions()]
     with pytest.raises(SessionNotFoundError):
         store.load_session_entries("del")
     store.create_session("del")
@@ -298,13 +298,14 @@ def test_list_sessions(store: SessionStore) -> None:
     for sid in ["l1", "l2", "l3"]:
         store.create_session(sid, cwd=f"/{sid}")
     store.append_session_entries("l2", [entry("a", None)])
-    infos = {s.session_id: s for s in store.list_sessions()}
+    infos = {s.session_id: s for s in store.list_sessions().items}
     assert set(infos) == {"l1", "l2", "l3"}
     assert infos["l2"].cwd == "/l2"
     assert infos["l2"].updated_at_ms is not None
+    assert infos["l2"].entry_count == 1
     # The object store is the truth: the list survives Redis forgetting everything.
     store.coord.client.flushdb()
-    assert {s.session_id for s in store.list_sessions()} == {"l1", "l2", "l3"}
+    assert {s.session_id for s in store.list_sessions().items} == {"l1", "l2", "l3"}
 
 
 def test_large_batch_and_many_segments(store: SessionStore) -> None:

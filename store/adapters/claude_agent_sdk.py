@@ -333,7 +333,7 @@ class ClaudeSessionStore(SdkSessionStore):
         index found), for tools such as ``sessionstore claude-export``; the SDK's own calls
         never need it."""
         found: set[str] = set()
-        for info in await self.store.list_sessions():
+        async for info in self.store.iter_sessions(page_size=1000):
             sid = info.session_id
             if not sid.startswith("cc.") or sid.count(".") != 1:
                 continue

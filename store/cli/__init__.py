@@ -120,6 +120,14 @@ def _add_session_commands(add: _Add) -> None:
 
     p = add("ls", "list sessions: name, entries, last update", commands.cmd_ls)
     p.add_argument("--limit", type=int, help="show the N most recently updated")
+    p.add_argument("--page-size", type=int, metavar="N",
+                   help="one page of N sessions (1..1000) in id order, and the cursor of the next")
+    p.add_argument("--cursor", help="the page after this cursor (printed by the previous page)")
+    p.add_argument("--cwd", help="only sessions whose cwd is this")
+    p.add_argument("--cwd-prefix", metavar="PREFIX", help="only sessions whose cwd starts with this")
+    p.add_argument("--kind", choices=("pi", "stream"), help="only sessions of this kind")
+    p.add_argument("--since", metavar="TIME", help="only sessions updated since (ISO 8601 or epoch ms)")
+    p.add_argument("--name", metavar="TEXT", help="only sessions whose name contains this")
 
     p = add("info", "one session's header, tail, size and compactions", commands.cmd_info)
     p.add_argument("session")

@@ -27,7 +27,7 @@ def cmd_compact(args: argparse.Namespace, ctx: Ctx) -> int:
     if args.sessions and args.all:
         raise CliError("give sessions or --all, not both", Exit.USAGE)
     # Like gc and verify: no session named means every session (--all says so explicitly).
-    sids = [check_session_id(s) for s in args.sessions] or [i.session_id for i in ctx.store.list_sessions()]
+    sids = [check_session_id(s) for s in args.sessions] or [i.session_id for i in ctx.store.iter_sessions(page_size=1000)]
     compactor = compactor_for(ctx, args.grace)
     grace_ms = compactor.options.grace_ms
     results: list[dict[str, Any]] = []

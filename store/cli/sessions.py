@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -24,13 +23,14 @@ from store.cli.ctx import Ctx, now_ms
 from store.cli.operate import compactor_for, purged_line
 from store.cli.render import draw_tree
 from store.clock import iso_now
-from store.errors import SessionNotFoundError, SessionStoreError
 from store.layout import check_session_id
+from store.listing import SessionFilter
 
 if TYPE_CHECKING:
     from store.core import SessionStore
     from store.model.session import Session
     from store.read import SessionData
+    from store.records import SessionInfo
 
 
 # --- create / append -----------------------------------------------------------------------------
@@ -161,58 +161,88 @@ def fill_entries(
 # --- reading -------------------------------------------------------------------------------------
 
 
-def _session_row(store: SessionStore, info: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {
+def _session_row(info: SessionInfo) -> dict[str, Any]:
+    updated = info.updated_at_ms or info.created_at_ms
+    return {
         "session": info.session_id,
-        "name": None,
-        "entries": None,
+        "name": info.name,
+        "kind": info.kind,
+        "entries": info.entry_count,
+        "bytes": info.bytes,
+        "first_message": info.first_message,
         "created_at_ms": info.created_at_ms,
-        "updated_at_ms": info.updated_at_ms or info.created_at_ms,
+        "updated_at_ms": updated,
         "created_at": iso_of_ms(info.created_at_ms),
-        "updated_at": iso_of_ms(info.updated_at_ms or info.created_at_ms),
+        "updated_at": iso_of_ms(updated),
         "cwd": info.cwd,
         "fork_of": info.fork_of,
-        "error": None,
     }
+
+
+def _listing_filter(args: argparse.Namespace) -> SessionFilter:
+    since = None
+    if args.since is not None:
+        since = _time_ms(args.since)
+    return SessionFilter(
+        cwd=args.cwd, cwd_prefix=args.cwd_prefix, kind=args.kind,
+        updated_since_ms=since, name_contains=args.name,
+    )
+
+
+def _time_ms(text: str) -> int:
+    """Epoch milliseconds, or an ISO 8601 time (``2026-11-22T10:00:00Z``)."""
+    if text.isdigit():
+        return int(text)
+    from datetime import UTC, datetime
+
     try:
-        session = store.load_session(info.session_id)
-        row["name"] = session.name
-        row["entries"] = len(session)
-        row["leaf"] = session.leaf_id
-    except SessionNotFoundError:
-        row["error"] = "deleted meanwhile"
-    except SessionStoreError as exc:
-        row["error"] = f"unreadable: {exc}"
-    return row
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"--since {text!r}: not epoch milliseconds or an ISO 8601 time", Exit.USAGE) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)  # a time without a zone is UTC
+    return int(when.timestamp() * 1000)
 
 
 def cmd_ls(args: argparse.Namespace, ctx: Ctx) -> int:
     store = ctx.store
-    infos = store.list_sessions()
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        rows = list(pool.map(lambda i: _session_row(store, i), infos))
-    rows = [r for r in rows if r["error"] != "deleted meanwhile"]
-    rows.sort(key=lambda r: r["updated_at_ms"] or 0, reverse=True)
-    if args.limit is not None:
-        rows = rows[: args.limit]
+    filters = _listing_filter(args)
+    paged = args.page_size is not None or args.cursor is not None
+    if paged:
+        if args.limit is not None:
+            raise CliError("--limit sorts every session: not with --page-size or --cursor", Exit.USAGE)
+        page = store.list_sessions(cursor=args.cursor, limit=args.page_size, filters=filters)
+        rows = [_session_row(i) for i in page.items]
+        next_cursor = page.next_cursor
+    else:
+        rows = [_session_row(i) for i in store.iter_sessions(page_size=1000, filters=filters)]
+        rows.sort(key=lambda r: r["updated_at_ms"] or 0, reverse=True)
+        if args.limit is not None:
+            rows = rows[: args.limit]
+        next_cursor = None
     if ctx.json:
-        out(dump_json(rows))
+        out(dump_json({"sessions": rows, "next_cursor": next_cursor} if paged else rows))
         return Exit.OK
     if not rows:
-        err("no sessions")
-        return Exit.OK
-    now = now_ms()
-    width = max(7, max(len(r["session"]) for r in rows))
-    out(f"{'SESSION':<{width}}  {'ENTRIES':>7}  {'UPDATED':<9}  NAME")
-    for r in rows:
-        name = r["name"] or ""
-        if r["fork_of"]:
-            name = (name + " " if name else "") + f"(fork of {r['fork_of']})"
-        if r["error"]:
-            name = f"! {r['error']}"
-        entries = "-" if r["entries"] is None else str(r["entries"])
-        out(f"{r['session']:<{width}}  {entries:>7}  {human_age(r['updated_at_ms'], now):<9}  {name}")
+        err("no sessions" if not paged or next_cursor is None else "no sessions on this page")
+    else:
+        now = now_ms()
+        width = max(7, max(len(r["session"]) for r in rows))
+        out(f"{'SESSION':<{width}}  {'ENTRIES':>7}  {'UPDATED':<9}  NAME")
+        for r in rows:
+            name = r["name"] or (f"[{r['kind']}]" if r["kind"] != "pi" else "")
+            if r["fork_of"]:
+                name = (name + " " if name else "") + f"(fork of {r['fork_of']})"
+            if not r["name"] and r["first_message"]:
+                name = (name + " " if name else "") + f"“{_cut(r['first_message'], 60)}”"
+            out(f"{r['session']:<{width}}  {r['entries']:>7}  {human_age(r['updated_at_ms'], now):<9}  {name}")
+    if next_cursor is not None:
+        err(f"more: sessionstore ls --cursor {next_cursor}")
     return Exit.OK
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _read_with_model(store: SessionStore, sid: str) -> tuple[SessionData, Session]:

@@ -81,7 +81,7 @@ def _all_or(ctx: Ctx, sessions: list[str], all_flag: bool, what: str) -> list[st
     if sessions and all_flag:
         raise CliError("give sessions or --all, not both", Exit.USAGE)
     if all_flag:
-        return [i.session_id for i in ctx.store.list_sessions()]
+        return [i.session_id for i in ctx.store.iter_sessions(page_size=1000)]
     if not sessions:
         raise CliError(f"name the sessions to {what}, or pass --all", Exit.USAGE)
     return [check_session_id(s) for s in sessions]

@@ -6,7 +6,7 @@ has lives at ``/v1/sessions``:
 
 | request | does |
 | --- | --- |
-| ``GET /v1/sessions?limit=N&after=CURSOR`` | a page of sessions: name, title, cwd, created, updated, entries, fork of |
+| ``GET /v1/sessions?limit=N&after=CURSOR`` | a page of sessions: name, title, first message, cwd, created, updated, entries, bytes, fork of (filters: ``cwd``, ``cwd_prefix``, ``updated_since``, ``title_contains``) |
 | ``GET /v1/sessions/<name>:context?leaf=ID`` | the context pi would send to the model at a leaf |
 | ``POST /v1/sessions/<name>:fork`` ``{"entry_id", "name"}`` | a new session whose history is the path to the entry (copies nothing) |
 | ``POST /v1/sessions/<name>:redact`` ``{"entry_id", "reason"}`` | hide an entry's content from every reader |
@@ -18,14 +18,14 @@ Errors are RFC 9457 problem documents, as on the stream routes; tenants' tokens 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from store.errors import InvalidInputError, SessionNotFoundError, SessionStoreError
+from store.errors import InvalidInputError
+from store.listing import SessionFilter
 from store.streams import PI_KIND, StreamNotFoundError, stream_session_id
 
 if TYPE_CHECKING:
@@ -41,10 +41,9 @@ class SessionRoutes:
     def __init__(self, service: StreamService) -> None:
         self.service = service
         self.store = service.store
-        self._page_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sessionstore-list")
 
     def close(self) -> None:
-        self._page_pool.shutdown(wait=True)
+        pass  # nothing of its own to release (kept for the service's shutdown)
 
     # --- list --------------------------------------------------------------------------------
 
@@ -57,71 +56,44 @@ class SessionRoutes:
         if not 1 <= limit <= MAX_PAGE:
             raise InvalidInputError(f"limit is 1..{MAX_PAGE}")
         after = q.get("after") or None
+        filters = SessionFilter(
+            kind=PI_KIND,
+            cwd=q.get("cwd"),
+            cwd_prefix=q.get("cwd_prefix"),
+            updated_since_ms=_int_param(q, "updated_since"),
+            name_contains=q.get("title_contains"),
+        )
         tenant = self.service.tenant_of(request)
-        page, cursor = await self.service.run(self._page, tenant, after, limit)
+        page, cursor = await self.service.run(self._page, tenant, after, limit, filters)
         return _json({"sessions": page, "next": cursor})
 
-    def _page(self, tenant: str | None, after: str | None, limit: int) -> tuple[list[dict[str, Any]], str | None]:
-        """Sessions in id order after the cursor, ``limit`` of them and the next cursor.
-
-        One LIST of the session directories (paginated by the object store), then the headers
-        of the page's candidates in parallel; cost grows with the sessions skipped, not with
-        their size."""
-        store = self.store
-        try:
-            updated = store.coord.session_index()
-        except SessionStoreError:
-            updated = {}
-        out: list[dict[str, Any]] = []
-        batch: list[str] = []
-        last_seen: str | None = None
-
-        def flush() -> bool:
-            nonlocal last_seen
-            for sid, item in zip(batch, self._page_pool.map(lambda s: self._describe(s, tenant, updated), batch)):
-                last_seen = sid
-                if item is not None:
-                    out.append(item)
-                    if len(out) >= limit:
-                        return True
-            batch.clear()
-            return False
-
-        for sid in store.objects.list_dirs(store.layout.sessions_prefix):
-            if after is not None and sid <= after:
+    def _page(
+        self, tenant: str | None, after: str | None, limit: int, filters: SessionFilter
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """Sessions in id order after the cursor: one page of the store's listing (one LIST
+        and one Redis round trip, ``store/listing.py``), without reading any session. The
+        filters and the tenant's own are applied to the page: it may be short, even empty,
+        while ``next`` moves on (None after the last page)."""
+        listed = self.store.list_sessions(cursor=after, limit=limit, filters=filters)
+        out = []
+        for info in listed.items:
+            name = info.path or info.session_id
+            if tenant is not None and not self.service.may_access(tenant, name):
                 continue
-            batch.append(sid)
-            if len(batch) >= 32 and flush():
-                return out, last_seen
-        if batch and flush():
-            return out, last_seen
-        return out, None
-
-    def _describe(self, sid: str, tenant: str | None, updated: dict[str, int]) -> dict[str, Any] | None:
-        try:
-            header = self.store.headers.read(sid)
-        except (SessionNotFoundError, SessionStoreError):
-            return None
-        if header.kind != PI_KIND:
-            return None
-        name = header.config.get("path", sid)
-        if tenant is not None and not self.service.may_access(tenant, name):
-            return None
-        try:
-            session = self.store.load_session(sid)
-        except SessionStoreError:
-            return None
-        fork = header.fork
-        return {
-            "name": name,
-            "session_id": sid,
-            "title": session.name,
-            "cwd": header.pi_header.get("cwd"),
-            "created_at_ms": header.created_at_ms,
-            "updated_at_ms": updated.get(sid),
-            "entries": len(session),
-            "fork_of": None if fork is None else {"session_id": fork.session_id, "entry_id": fork.entry_id},
-        }
+            out.append({
+                "name": name,
+                "session_id": info.session_id,
+                "title": info.name,
+                "first_message": info.first_message,
+                "cwd": info.cwd,
+                "created_at_ms": info.created_at_ms,
+                "updated_at_ms": info.updated_at_ms,
+                "entries": info.entry_count,
+                "bytes": info.bytes,
+                "fork_of": None if info.fork_of is None
+                else {"session_id": info.fork_of, "entry_id": info.fork_entry_id},
+            })
+        return out, listed.next_cursor
 
     # --- actions on one session --------------------------------------------------------------
 
@@ -195,6 +167,16 @@ async def _body_json(request: Request) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidInputError("the body is a JSON object")
     return value
+
+
+def _int_param(q: Any, name: str) -> int | None:
+    raw = q.get(name)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name}: epoch milliseconds, an integer") from None
 
 
 def _json(value: Any, status: int = 200) -> Response:
