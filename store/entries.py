@@ -22,10 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Sequence
 
 import orjson
 
@@ -193,60 +192,6 @@ def decode_segment(key: str, data: bytes, checksum: str | None = None) -> list[d
             if digest == [checksum] and values is not None:
                 return values
     return _decode_strict(key, data, checksum)
-
-
-def decode_chunks(key: str, chunks: Iterator[bytes], checksum: str | None) -> list[dict[str, Any]]:
-    """:func:`decode_segment` of an object that is still arriving: the lines are parsed as
-    the chunks come in, while another thread receives and hashes the next ones, so the parse
-    overlaps the transfer and the digest. Trusted only if the whole object's digest is
-    ``checksum`` and it ends with a newline; otherwise the bytes go through the strict
-    decoder, as always."""
-    received: queue.Queue[bytes | BaseException | None] = queue.Queue()
-    digest = hashlib.sha256()
-
-    def receive() -> None:
-        try:
-            for chunk in chunks:
-                digest.update(chunk)  # releases the GIL: beside the parse
-                received.put(chunk)
-            received.put(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the parsing thread
-            received.put(exc)
-
-    threading.Thread(target=receive, name="sessionstore-receive", daemon=True).start()
-    parts: list[bytes] = []
-    values: list[Any] = []
-    carry = b""
-    fast = bool(checksum)
-    loads = orjson.loads
-    while True:
-        item = received.get()
-        if item is None:
-            break
-        if isinstance(item, BaseException):
-            raise item
-        parts.append(item)
-        if not fast:
-            continue
-        lines = item.split(b"\n")
-        if len(lines) == 1:
-            carry += item
-            continue
-        lines[0] = carry + lines[0]
-        carry = lines.pop()  # what follows the chunk's last newline: the next line's start
-        try:
-            values.extend([loads(line) for line in lines])
-        except orjson.JSONDecodeError:
-            fast = False  # escapes orjson refuses, or not canonical: the strict way below
-    data = b"".join(parts) if len(parts) != 1 else parts[0]
-    del parts
-    if not data:
-        raise CorruptObjectError(key, 0, "empty object")
-    if fast and not carry and digest.hexdigest() == checksum and values and all(
-        type(v) is dict for v in values
-    ):
-        return values
-    return decode_segment(key, data, checksum)
 
 
 def _parse_lines(data: bytes) -> list[dict[str, Any]] | None:

@@ -98,13 +98,6 @@ class ObjectStore(ABC):
     @abstractmethod
     def get(self, key: str) -> StoredObject: ...
 
-    def get_chunks(self, key: str) -> tuple[dict[str, str], Iterator[bytes]]:
-        """An object's metadata and its bytes as they arrive, for readers that overlap their
-        work with the transfer (one request, like ``get``). A backend that has the whole
-        object at once yields it in one piece. Errors may surface from the iterator."""
-        obj = self.get(key)
-        return obj.metadata, iter((obj.data,))
-
     @abstractmethod
     def head(self, key: str) -> ObjectInfo | None: ...
 

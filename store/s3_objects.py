@@ -148,24 +148,6 @@ class S3ObjectStore(ObjectStore):
             int(modified.timestamp() * 1000) if modified is not None else None,
         )
 
-    def get_chunks(self, key: str) -> tuple[dict[str, str], Iterator[bytes]]:
-        self._count("get")
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=key)
-        except Exception as exc:
-            raise _s3_error(exc, key) from exc
-        body = resp["Body"]
-
-        def chunks() -> Iterator[bytes]:
-            try:
-                yield from body.iter_chunks(1 << 20)
-            except Exception as exc:
-                raise _s3_error(exc, key) from exc
-            finally:
-                body.close()
-
-        return resp.get("Metadata") or {}, chunks()
-
     def head(self, key: str) -> ObjectInfo | None:
         self._count("head")
         try:

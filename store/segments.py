@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from store.entries import decode_chunks, decode_segment
+from store.entries import decode_segment
 from store.errors import ObjectNotFoundError
 from store.migrations import CURRENT_SCHEMA, upgrade
 from store.objects import ObjectStore, StoredObject
@@ -67,28 +67,6 @@ def decode_base_object(obj: StoredObject, base: Mapping[str, Any]) -> Entries:
     written = int(base.get("schema", CURRENT_SCHEMA))
     checksum = base.get(SHA256) or obj.metadata.get(SHA256)
     return decode_object(obj.key, obj.data, checksum, written)
-
-
-#: Bases at least this large are parsed while they arrive (``decode_chunks``).
-STREAM_DECODE_BYTES = 4 << 20
-
-
-def read_base(objects: ObjectStore, retry: RetryPolicy, base: Mapping[str, Any]) -> Entries:
-    """GET and decode a base the manifest entry ``base`` names (``ObjectNotFoundError`` if
-    it is gone). A large one is parsed as it arrives; a transfer that fails midway is
-    retried whole, like any GET."""
-    key = str(base["key"])
-    written = int(base.get("schema", CURRENT_SCHEMA))
-    if int(base.get("bytes") or 0) < STREAM_DECODE_BYTES:
-        obj = retry.call(lambda: objects.get(key))
-        return decode_base_object(obj, base)
-
-    def streamed() -> Entries:
-        metadata, chunks = objects.get_chunks(key)
-        return decode_chunks(key, chunks, base.get(SHA256) or metadata.get(SHA256))
-
-    entries = retry.call(streamed)
-    return entries if written == CURRENT_SCHEMA else upgrade(entries, written)
 
 
 def read_segment(

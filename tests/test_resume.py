@@ -164,13 +164,14 @@ def test_recent_cache_off(make_store: Callable[..., SessionStore]) -> None:
     assert got == ids and counts == {"get": 1 + 6 + 1, "list": 0, "head": 0}
 
 
-def test_a_large_base_is_parsed_as_it_arrives_and_still_verified(
+def test_beside_a_large_base_the_probe_waits_for_its_bytes_and_the_base_is_verified(
     make_store: Callable[..., SessionStore], s3_location: Any
 ) -> None:
-    """A base of 4 MiB and more is parsed while its bytes arrive (one GET, like any other):
-    the same entries as a whole read, and an altered base is refused all the same."""
+    """Beside 4 MiB of bases and more, the probe goes out once their bytes are here (the same
+    requests as always), the digest is computed beside the parse, and an altered base is
+    refused all the same."""
     from store.errors import CorruptObjectError
-    from store.segments import STREAM_DECODE_BYTES
+    from store.read import _PROBE_AFTER_BYTES
 
     writer = make_store()
     writer.create_session("L")
@@ -187,7 +188,7 @@ def test_a_large_base_is_parsed_as_it_arrives_and_still_verified(
     manifest = writer.latest_manifest("L", inc)
     assert manifest is not None and len(manifest.bases) == 1
     base = manifest.bases[0]
-    assert base["bytes"] >= STREAM_DECODE_BYTES
+    assert base["bytes"] >= _PROBE_AFTER_BYTES
     reader = make_store()
     got, counts = counted_resume(reader, "L")
     assert got == ids
@@ -201,28 +202,3 @@ def test_a_large_base_is_parsed_as_it_arrives_and_still_verified(
     client.put_object(Bucket=s3_location.bucket, Key=base["key"], Body=altered)
     with pytest.raises(CorruptObjectError, match="checksum mismatch"):
         make_store().load_session_entries("L")
-
-
-@pytest.mark.parametrize("cut", [1, 7, 64, 333, 4096, 10**9])
-def test_decoding_while_arriving_equals_decoding_whole(cut: int) -> None:
-    """Chunks cut anywhere (inside a line, right after a newline, one byte each) decode to
-    exactly what the whole object decodes to; a wrong digest or a truncated object is
-    refused the same way."""
-    import hashlib
-
-    from store.entries import decode_chunks, decode_segment, encode_entries
-    from store.errors import CorruptObjectError
-
-    entries = [entry(f"d{i}", f"d{i - 1}" if i else None, 30 + i) for i in range(40)]
-    entries[5]["message"]["content"] = "lone \udc00 surrogate"  # an escape orjson refuses
-    data = encode_entries(entries)
-    checksum = hashlib.sha256(data).hexdigest()
-
-    def chunked(blob: bytes) -> Any:
-        return iter([blob[i : i + cut] for i in range(0, len(blob), cut)])
-
-    assert decode_chunks("k", chunked(data), checksum) == decode_segment("k", data, checksum) == entries
-    with pytest.raises(CorruptObjectError, match="checksum mismatch"):
-        decode_chunks("k", chunked(data), "0" * 64)
-    with pytest.raises(CorruptObjectError, match="truncated"):
-        decode_chunks("k", chunked(data[:-1]), checksum)
