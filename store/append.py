@@ -6,8 +6,10 @@ Writer W appends batch B to session s, optionally with an expected tail x:
    bad input.
 2. CHECK in Redis (coordination/scripts.CHECK): DUPLICATE (B was committed: return its
    result), COLLISION, UNKNOWN_PARENT, CONFLICT (x is not the tail), BUSY (another writer
-   holds the advisory claim on the next slot: wait in Redis), HYDRATE/INCARNATION (rebuild
-   the state from the object store first, ``store/tail.py``), or OK with n = Redis's tail.
+   holds the advisory claim on the next slot: we are in the session's queue, first come,
+   first served, and the next CHECK first blocks in Redis until the claim is handed to us),
+   HYDRATE/INCARNATION (rebuild the state from the object store first, ``store/tail.py``),
+   or OK with n = Redis's tail.
 3. PUT ``seg/<n+1>`` with If-None-Match: * and a nonce in the metadata (``_put_segment``).
    The object store is the arbiter.
    - taken: read the object. Our nonce: an earlier attempt of ours landed; go on to 4.
@@ -22,8 +24,10 @@ Writer W appends batch B to session s, optionally with an expected tail x:
 5. Past a threshold of pending segments or bytes, queue one compaction job; return
    ``AppendResult``.
 
-Failures before the PUT are plain errors (nothing was written). docs/design.md ("Pauses")
-argues why no interleaving of pauses lets an append be acknowledged that no reader sees.
+Failures before the PUT are plain errors (nothing was written). An append that fails after
+CHECK leaves the queue and passes on a claim it holds (``Coordinator.release``).
+docs/design.md ("Pauses") argues why no interleaving of pauses lets an append be
+acknowledged that no reader sees, and why the queue of waiting writers cannot either.
 """
 
 from __future__ import annotations
