@@ -101,8 +101,11 @@ def expected_figures(params: dict[str, Any], compaction: bool) -> list[str]:
     names += ["throughput.store.appends_per_s", "throughput.floor.puts_per_s", "throughput.ratio"]
     names += [
         "contention.store.appends_per_s", "contention.floor.segments_per_s", "contention.ratio",
-        "contention.retries_per_append", "contention.lost",
+        "contention.retries_per_append", "contention.lost", "contention.p99_vs_single",
+        "contention.longest_run",
     ]
+    for k in sorted({1, min(2, params["writers"]), params["writers"]}):
+        names += [f"contention.w{k}.{x}" for x in ("p50_ms", "p99_ms", "appends_per_s")]
     states = ("uncompacted", "compacted") if compaction else ("uncompacted",)
     for n in params["resume_sizes"]:
         for state in states:

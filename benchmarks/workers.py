@@ -84,6 +84,7 @@ def _one(store: Any, raw: Any, wid: int, *, sid: str, start_at: float, duration:
     errors: Counter[str] = Counter()
     acked_ids: list[str] = []
     late_ids: list[str] = []
+    seqs: list[int] = []
     parent: str | None = None
     before = Counter(store.objects.requests)
     i = 0
@@ -98,12 +99,13 @@ def _one(store: Any, raw: Any, wid: int, *, sid: str, start_at: float, duration:
         entry = make_entry(eid, parent, i)
         i += 1
         try:
-            store.append_session_entries(sid, [entry])
+            seq = store.append_session_entries(sid, [entry]).seq
         except Exception as exc:
             errors[type(exc).__name__] += 1
             continue
         t1 = time.perf_counter()
         parent = eid
+        seqs.append(seq)
         if t1 <= deadline:
             acked_ids.append(eid)
             lat.append(t1 - t0)
@@ -114,6 +116,7 @@ def _one(store: Any, raw: Any, wid: int, *, sid: str, start_at: float, duration:
     return {
         "acked_ids": acked_ids,
         "late_ids": late_ids,
+        "seqs": seqs,
         "attempts": i,
         "errors": dict(errors),
         "requests": {k: v for k, v in req.items() if v},

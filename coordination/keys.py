@@ -57,6 +57,21 @@ class Keys:
         """String "<seq>:<nonce>": the writer about to PUT segment seq+1 (advisory, expiring)."""
         return f"{self.prefix}:{{{sid}}}:claim"
 
+    def queue(self, sid: str) -> str:
+        """Sorted set: nonce of a writer waiting for the claim -> its ticket (first come,
+        first served; see scripts.CHECK)."""
+        return f"{self.prefix}:{{{sid}}}:queue"
+
+    def queue_leases(self, sid: str) -> str:
+        """Hash: nonce of a waiting writer -> "<deadline ms>:<lease ms>" by Redis's clock (a
+        waiter that stops asking is dropped at its deadline); field "#" the last ticket."""
+        return f"{self.prefix}:{{{sid}}}:queue:leases"
+
+    def turn(self, sid: str, nonce: str) -> str:
+        """List a waiting writer blocks on: pushed when the claim is handed to it. Named from
+        ``queue`` (the scripts derive it from that key), so it shares the session's slot."""
+        return f"{self.queue(sid)}:{nonce}"
+
     def deleted(self, sid: str) -> str:
         """String: the incarnation a delete ended, kept for a while so that a rebuild that
         read the header before the delete is never installed (see scripts.INSTALL)."""

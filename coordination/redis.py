@@ -8,6 +8,9 @@ server refusal is ``BackendRefusedError``.
 from __future__ import annotations
 
 import logging
+import random
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,12 +24,15 @@ from redis.retry import Retry
 
 from coordination import scripts
 from coordination.keys import Keys
-from store.errors import BackendRefusedError, BackendUnavailableError
+from store.errors import BackendError, BackendRefusedError, BackendUnavailableError
 from store.retry import DEFAULT_RETRY, RetryPolicy
 
 log = logging.getLogger("sessionstore.coordination")
 
 T = TypeVar("T")
+
+#: A writer waiting for the claim with no connection to spare for a blocking wait polls.
+_POLL_S = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +79,9 @@ class CheckResult:
     inc: str = ""
     #: BUSY: how long the other writer's claim still runs.
     wait_ms: int = 0
+    #: BUSY: the caller's ticket in the session's queue of waiting writers (first come,
+    #: first served; 0 when there is no queue).
+    ticket: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,11 +181,23 @@ class Coordinator:
         *,
         prefix: str = "ss",
         retry: RetryPolicy = DEFAULT_RETRY,
+        socket_timeout: float | None = None,
+        max_blocking: int | None = None,
     ) -> None:
         self.client = client
         self.cluster = isinstance(client, redis.cluster.RedisCluster)
         self.keys = Keys(prefix)
         self.retry = retry
+        # A writer waiting for its turn blocks on a connection of the client's pool: at most
+        # a quarter of the pool waits at once (the others poll), so waiters never starve the
+        # commands that would hand them their turn. A wait ends before the socket timeout.
+        pool = getattr(client, "connection_pool", None)
+        if socket_timeout is None and pool is not None:
+            socket_timeout = pool.connection_kwargs.get("socket_timeout")
+        self._block_cap_s = 0.5 * socket_timeout if socket_timeout else 1.0
+        if max_blocking is None:
+            max_blocking = max(1, int(getattr(pool, "max_connections", 100)) // 4) if pool else 25
+        self._blocking = threading.BoundedSemaphore(max_blocking)
         self._check = client.register_script(scripts.CHECK)
         self._commit = client.register_script(scripts.COMMIT)
         self._install = client.register_script(scripts.INSTALL)
@@ -185,6 +206,7 @@ class Coordinator:
         self._retired = client.register_script(scripts.RETIRED)
         self._summary = client.register_script(scripts.SUMMARY)
         self._deleting = client.register_script(scripts.DELETING)
+        self._release = client.register_script(scripts.RELEASE)
 
     @classmethod
     def from_url(
@@ -215,7 +237,7 @@ class Coordinator:
                 retry=Retry(NoBackoff(), 0),
                 health_check_interval=30,
             )
-        return cls(client, prefix=prefix, retry=retry)
+        return cls(client, prefix=prefix, retry=retry, socket_timeout=socket_timeout)
 
     def close(self) -> None:
         try:
@@ -239,7 +261,10 @@ class Coordinator:
         *,
         nonce: str = "",
         claim_ms: int = 0,
+        wait_s: float = 0.0,
     ) -> CheckResult:
+        """CHECK (scripts.CHECK). ``wait_s``: the writer ``nonce`` waits in the session's
+        queue; first wait up to that long for the claim to be handed to it, then CHECK."""
         args: list[Any] = [inc, "0" if expected_tail is None else "1", expected_tail or "", len(ids)]
         args.extend(ids)
         args.extend(hashes)
@@ -250,12 +275,17 @@ class Coordinator:
         args.append(nonce)
         args.append(claim_ms if nonce else 0)
         keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.claim(sid)]
-        res = self._call(lambda: self._check(keys=keys, args=args))
+        if nonce:
+            keys += [self.keys.queue(sid), self.keys.queue_leases(sid), self.keys.turn(sid, nonce)]
+        if wait_s > 0 and nonce:
+            res = self._wait_then_check(keys, args, wait_s)
+        else:
+            res = self._call(lambda: self._check(keys=keys, args=args))
         code = _s(res[0])
         if code == "OK":
             return CheckResult(code, seq=int(res[1]), last=_s(res[2]))
         if code == "BUSY":
-            return CheckResult(code, seq=int(res[1]), wait_ms=max(0, int(res[2])))
+            return CheckResult(code, seq=int(res[1]), wait_ms=max(0, int(res[2])), ticket=int(res[3]))
         if code == "DUPLICATE":
             return CheckResult(code, seq=int(res[1]))
         if code == "COLLISION":
@@ -307,15 +337,15 @@ class Coordinator:
         args.append(orjson.dumps(payload))
         args.append(size)
         args.append("1" if own else "0")
-        keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.job_pending(sid)]
+        keys = [
+            self.keys.tail(sid), self.keys.ids(sid), self.keys.job_pending(sid),
+            self.keys.summary(sid), self.keys.recent(sid),
+            # fair appends: COMMIT hands the next slot's claim to the first waiter
+            self.keys.claim(sid), self.keys.queue(sid), self.keys.queue_leases(sid),
+        ]
+        args.extend(summary.args() if summary is not None else ("", "", ""))
         caching = cache is not None and cache_cap > 0
-        if summary is not None or caching:
-            keys.append(self.keys.summary(sid))
-            args.extend(summary.args() if summary is not None else ("", "", ""))
-        if caching:
-            keys.append(self.keys.recent(sid))
-            args.append(cache)
-            args.append(cache_cap)
+        args.extend((cache, cache_cap) if caching else ("", 0))
         res = self._call(lambda: self._commit(keys=keys, args=args))
         code = _s(res[0])
         if code == "INCARNATION":
@@ -331,6 +361,45 @@ class Coordinator:
                 job_queued=bool(int(res[4])),
             )
         return CommitResult(code, seq=int(res[1]))
+
+    def _wait_then_check(self, keys: list[str], args: list[Any], wait_s: float) -> Any:
+        """BLPOP on the writer's wake-up list (keys[5]), then CHECK: pipelined on one
+        connection, so Redis runs the CHECK the moment the claim is handed over, and the
+        writer wakes once, with the answer. Without a connection to spare for blocking, a
+        short sleep instead; a failed wait is followed by a plain CHECK (with the retry
+        policy), which meets whatever went wrong."""
+        if not self._blocking.acquire(blocking=False):
+            time.sleep(min(wait_s, _POLL_S) * random.uniform(0.5, 1.5))
+            return self._call(lambda: self._check(keys=keys, args=args))
+        timeout = max(0.001, min(wait_s, self._block_cap_s))  # BLPOP 0 would block for good
+        try:
+            if self.cluster:
+                # redis-py's cluster pipeline refuses EVALSHA: wait, then CHECK below.
+                redis_call(lambda: self.client.blpop([keys[5]], timeout=timeout))
+            else:
+                return redis_call(lambda: self._blpop_check(keys, args, timeout))
+        except BackendError as exc:
+            log.debug("waiting for the claim: %s", exc)
+        finally:
+            self._blocking.release()
+        return self._call(lambda: self._check(keys=keys, args=args))
+
+    def _blpop_check(self, keys: list[str], args: list[Any], timeout: float) -> Any:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.blpop([keys[5]], timeout=timeout)
+        pipe.evalsha(self._check.sha, len(keys), *keys, *args)
+        _woken, res = pipe.execute(raise_on_error=False)
+        if isinstance(res, redis.exceptions.NoScriptError):
+            return self._check(keys=keys, args=args)  # loads the script, runs it once
+        if isinstance(res, Exception):
+            raise res
+        return res
+
+    def release(self, sid: str, nonce: str) -> None:
+        """The writer ``nonce`` gives up its append: out of the queue, and a claim it holds
+        goes to the first waiter (scripts.RELEASE)."""
+        keys = [self.keys.claim(sid), self.keys.queue(sid), self.keys.queue_leases(sid)]
+        self._call(lambda: self._release(keys=keys, args=[nonce]), retry=False)
 
     def compacted(
         self, sid: str, inc: str, segments: int, size: int, through_seq: int = 0, generation: int = 0

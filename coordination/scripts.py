@@ -13,10 +13,14 @@ State of a session (all keys hash-tagged ``{sid}``):
   compaction).
 - ``ids`` hash: entry id -> "<seq>:<content hash>".
 - ``summary`` hash: what a listing shows, accounted through segment ``seq`` (see SUMMARY).
+- ``recent`` hash: the segments no manifest covers yet, a cache for readers (see COMMIT).
+- ``claim``, ``queue``, ``queue:leases`` and ``queue:<nonce>``: the advisory claim on the next
+  slot and the first-come-first-served queue of writers waiting for it (see ``_QUEUE``).
 
 A missing ``tail`` never means "empty session": the scripts answer HYDRATE and the client
 rebuilds the state from the object store. Every script is safe to run twice (redis-py may
-resend a command after a timeout): CHECK writes nothing, COMMIT only moves ``seq`` from n to
+resend a command after a timeout): CHECK writes only the claim and the writer's place in the
+queue (a second run finds them as the first left them), COMMIT only moves ``seq`` from n to
 n+1, INSTALL only replaces the state with one built from the object store.
 
 Return values are arrays whose first element is the code; ``coordination/redis.py`` maps
@@ -61,7 +65,94 @@ local function hset_chunked(key, list, first, last)
 end
 """ % (_CHUNK, _CHUNK)
 
-CHECK = _PRELUDE + """
+_QUEUE = """
+-- Fair appends: writers that find the claim on the next slot taken wait in a queue, first
+-- come, first served, and the claim is handed to the first of them (by COMMIT, by CHECK when
+-- the claim lapsed, by RELEASE) instead of going to whoever asks next. Like the claim, the
+-- queue only orders writers: If-None-Match on the PUT stays the only arbiter.
+-- queue: sorted set nonce -> ticket. leases: hash nonce -> "<deadline ms>:<lease ms>" by
+-- Redis's clock (a waiter renews it each time it asks; one that stops asking, paused or
+-- dead, is dropped at its deadline), and "#" -> the last ticket handed out.
+-- <queue>:<nonce>: a list the waiter blocks on (BLPOP), pushed when the claim is handed to it.
+redis.replicate_commands()
+local function redis_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function leave_queue(queue, leases, nonce)
+  redis.call('ZREM', queue, nonce)
+  redis.call('HDEL', leases, nonce)
+end
+-- The first waiter whose lease still runs, and its lease (those past it are dropped).
+local function first_waiter(queue, leases)
+  if redis.call('EXISTS', queue) == 0 then return nil end
+  local now = redis_ms()
+  while true do
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    if not head then return nil end
+    local v = redis.call('HGET', leases, head)
+    if v then
+      local sep = string.find(v, ':', 1, true)
+      if tonumber(string.sub(v, 1, sep - 1)) > now then return head, tonumber(string.sub(v, sep + 1)) end
+    end
+    leave_queue(queue, leases, head)
+  end
+end
+-- Hand the claim on slot seq+1 to the first waiter and wake it. Returns its nonce, or nil
+-- (nobody waits: the claim is left as it is).
+local function hand_over(claim, queue, leases, seq)
+  local head, lease = first_waiter(queue, leases)
+  if not head then return nil end
+  leave_queue(queue, leases, head)
+  redis.call('SET', claim, seq .. ':' .. head, 'PX', lease)
+  local turn = queue .. ':' .. head
+  redis.call('RPUSH', turn, seq)
+  redis.call('PEXPIRE', turn, lease)
+  return head
+end
+-- Join the queue, or keep one's place in it with the lease renewed. Returns the ticket.
+local function join_queue(queue, leases, nonce, lease)
+  local ticket = redis.call('ZSCORE', queue, nonce)
+  if not ticket then
+    ticket = redis.call('HINCRBY', leases, '#', 1)
+    redis.call('ZADD', queue, ticket, nonce)
+  end
+  redis.call('HSET', leases, nonce, (redis_ms() + lease) .. ':' .. lease)
+  for _, key in ipairs({queue, leases}) do  -- an idle queue vanishes: no lease outlives it
+    if redis.call('PTTL', key) < lease then redis.call('PEXPIRE', key, lease) end
+  end
+  return tonumber(ticket)
+end
+-- The holder of the claim on slot seq+1 ("<seq>:<nonce>"), or nil.
+local function claim_holder(claim, seq)
+  local c = redis.call('GET', claim)
+  if not c then return nil end
+  local sep = string.find(c, ':', 1, true)
+  if tonumber(string.sub(c, 1, sep - 1)) ~= seq then return nil end
+  return string.sub(c, sep + 1)
+end
+-- A writer goes away (refused, or giving up): out of the queue, its wake-up list dropped,
+-- and a claim it holds goes to the first waiter (or is dropped).
+local function step_aside(claim, queue, leases, nonce)
+  leave_queue(queue, leases, nonce)
+  redis.call('DEL', queue .. ':' .. nonce)
+  local c = redis.call('GET', claim)
+  if not c then return end
+  local sep = string.find(c, ':', 1, true)
+  if string.sub(c, sep + 1) ~= nonce then return end
+  redis.call('DEL', claim)
+  hand_over(claim, queue, leases, tonumber(string.sub(c, 1, sep - 1)))
+end
+-- After a commit of slot seq: the claim on seq+1 goes to the first waiter, unless someone
+-- holds it already, so the writer that committed cannot take it again ahead of them.
+local function pass_on(claim, queue, leases, seq)
+  local c = redis.call('GET', claim)
+  if c and tonumber(string.sub(c, 1, string.find(c, ':', 1, true) - 1)) >= seq then return end
+  hand_over(claim, queue, leases, seq)
+end
+"""
+
+CHECK = _PRELUDE + _QUEUE + """
 -- CHECK: may this batch be appended, and after which segment?
 -- KEYS[1] tail, KEYS[2] ids
 -- ARGV[1] inc, ARGV[2] "1" to check the expected tail else "0", ARGV[3] expected tail id
@@ -73,9 +164,15 @@ CHECK = _PRELUDE + """
 --   seq. A claim is advisory: it only keeps concurrent writers from all PUTting segment
 --   seq+1 at once (all but one would lose the race, each at the price of a PUT and a GET);
 --   If-None-Match on the PUT stays the only arbiter, and a claim of a dead writer expires.
+-- KEYS[4], KEYS[5] (with KEYS[3]) the queue of writers waiting for the claim and their
+--   leases, KEYS[6] the writer's wake-up list (see _QUEUE). A writer that finds the claim
+--   held joins the queue (or keeps its place); a claim that is free while writers wait goes
+--   to the first of them; a writer refused here (DUPLICATE .. UNKNOWN_PARENT) leaves the
+--   queue and passes on a claim that was handed to it.
 -- Returns:
 --   {'OK', seq, last}                       append as segment seq+1
---   {'BUSY', seq, ttl}                      another writer holds the claim on seq+1 for ttl ms
+--   {'BUSY', seq, ttl, ticket}              another writer holds the claim on seq+1 for ttl
+--                                           ms; the caller waits in the queue with ticket
 --   {'DUPLICATE', seq}                      every id present with the same content: the batch
 --                                           was committed as segment seq
 --   {'COLLISION', id, why}                  an id exists with other content (or a partial re-send)
@@ -89,49 +186,67 @@ if not s then return err end
 -- told OK here could re-create one. Rebuild first.
 if s.seq < s.cseq then return {'HYDRATE'} end
 local n = tonumber(ARGV[4])
-local found = hmget_chunked(KEYS[2], ARGV, 5, 4 + n)
-local present, dup_seq = 0, nil
-for i = 1, n do
-  local v = found[i]
-  if v then
-    local sep = string.find(v, ':', 1, true)
-    local seq, h = string.sub(v, 1, sep - 1), string.sub(v, sep + 1)
-    if h ~= ARGV[4 + n + i] then return {'COLLISION', ARGV[4 + i], 'different content'} end
-    present = present + 1
-    dup_seq = seq
-  end
-end
-if present == n then return {'DUPLICATE', dup_seq} end
-if present > 0 then
-  for i = 1, n do
-    if found[i] then return {'COLLISION', ARGV[4 + i], 'part of the batch is already stored'} end
-  end
-end
-if ARGV[2] == '1' and s.last ~= ARGV[3] then return {'CONFLICT', s.last, s.seq} end
 local m = tonumber(ARGV[5 + 2 * n])
-if m > 0 then
-  local parents = {}
-  for i = 1, m do parents[i] = ARGV[5 + 2 * n + 2 * i] end
-  local pf = hmget_chunked(KEYS[2], parents, 1, m)
-  for i = 1, m do
-    if not pf[i] then return {'UNKNOWN_PARENT', ARGV[5 + 2 * n + 2 * i - 1], parents[i]} end
-  end
-end
 local nonce, lease = ARGV[6 + 2 * n + 2 * m], tonumber(ARGV[7 + 2 * n + 2 * m] or '0')
-if KEYS[3] and lease and lease > 0 then
-  local claim = redis.call('GET', KEYS[3])
-  if claim then
-    local sep = string.find(claim, ':', 1, true)
-    if tonumber(string.sub(claim, 1, sep - 1)) == s.seq and string.sub(claim, sep + 1) ~= nonce then
-      return {'BUSY', s.seq, redis.call('PTTL', KEYS[3])}
+local claims = KEYS[3] and lease and lease > 0
+local function refusal()
+  local found = hmget_chunked(KEYS[2], ARGV, 5, 4 + n)
+  local present, dup_seq = 0, nil
+  for i = 1, n do
+    local v = found[i]
+    if v then
+      local sep = string.find(v, ':', 1, true)
+      local seq, h = string.sub(v, 1, sep - 1), string.sub(v, sep + 1)
+      if h ~= ARGV[4 + n + i] then return {'COLLISION', ARGV[4 + i], 'different content'} end
+      present = present + 1
+      dup_seq = seq
     end
+  end
+  if present == n then return {'DUPLICATE', dup_seq} end
+  if present > 0 then
+    for i = 1, n do
+      if found[i] then return {'COLLISION', ARGV[4 + i], 'part of the batch is already stored'} end
+    end
+  end
+  if ARGV[2] == '1' and s.last ~= ARGV[3] then return {'CONFLICT', s.last, s.seq} end
+  if m > 0 then
+    local parents = {}
+    for i = 1, m do parents[i] = ARGV[5 + 2 * n + 2 * i] end
+    local pf = hmget_chunked(KEYS[2], parents, 1, m)
+    for i = 1, m do
+      if not pf[i] then return {'UNKNOWN_PARENT', ARGV[5 + 2 * n + 2 * i - 1], parents[i]} end
+    end
+  end
+  return nil
+end
+local refused = refusal()
+if refused then
+  if claims and KEYS[4] then step_aside(KEYS[3], KEYS[4], KEYS[5], nonce) end
+  return refused
+end
+if claims then
+  local holder = claim_holder(KEYS[3], s.seq)
+  if KEYS[4] then
+    if not holder then
+      -- The claim is free (committed, given up, or lapsed): writers waiting come first.
+      local head = first_waiter(KEYS[4], KEYS[5])
+      if head and head ~= nonce then holder = hand_over(KEYS[3], KEYS[4], KEYS[5], s.seq) end
+    end
+    if holder and holder ~= nonce then
+      local ticket = join_queue(KEYS[4], KEYS[5], nonce, lease)
+      return {'BUSY', s.seq, redis.call('PTTL', KEYS[3]), ticket}
+    end
+    if redis.call('EXISTS', KEYS[4]) == 1 then leave_queue(KEYS[4], KEYS[5], nonce) end
+    redis.call('DEL', KEYS[6])
+  elseif holder and holder ~= nonce then
+    return {'BUSY', s.seq, redis.call('PTTL', KEYS[3]), 0}
   end
   redis.call('SET', KEYS[3], s.seq .. ':' .. nonce, 'PX', lease)
 end
 return {'OK', s.seq, s.last}
 """
 
-COMMIT = _PRELUDE + """
+COMMIT = _PRELUDE + _QUEUE + """
 -- COMMIT: record that segment from+1 exists, index its ids, notify followers.
 -- KEYS[1] tail, KEYS[2] ids
 -- ARGV[1] inc, ARGV[2] from (seq the writer saw), ARGV[3] last id of the segment,
@@ -143,10 +258,15 @@ COMMIT = _PRELUDE + """
 -- the writer enqueues only when one is due and none is (no extra round trip per append).
 -- ARGV[8+2n] "1" when the segment is the caller's own (a writer committing what it PUT),
 --   "0" for a roll-forward of another writer's segment.
--- KEYS[5] (optional, with KEYS[4]: see the summary block) the recent-segments cache,
---   ARGV[12+2n] the value to cache for slot from+1 ("" = none), ARGV[13+2n] the most bytes
---   pending compaction for which the cache still takes segments. Cached only on OK: the caller's PUT created the slot and no
---   manifest retired it, so the value is the slot's one and only content (docs/design.md).
+-- KEYS[4] the listing's summary, ARGV[9..11+2n] what the batch changes in it (see the
+--   summary block below).
+-- KEYS[5] the recent-segments cache, ARGV[12+2n] the value to cache for slot from+1
+--   ("" = none), ARGV[13+2n] the most bytes pending compaction for which the cache still
+--   takes segments. Cached only on OK: the caller's PUT created the slot and no manifest
+--   retired it, so the value is the slot's one and only content (docs/design.md).
+-- KEYS[6..8] the claim, the queue of waiting writers and their leases: with OK, the claim
+--   on the next slot is handed to the first waiter (see _QUEUE).
+-- (KEYS[4..8] and their arguments are optional, in that order.)
 -- Slot from+1 is *taken* when Redis's tail is past it, or when a manifest retired it
 -- (from+1 <= cseq). The caller's PUT of from+1 succeeded, so if the slot is taken, either the
 -- segment committed there is the caller's (a roll-forward by someone else: every id of the
@@ -217,6 +337,8 @@ if KEYS[4] and ARGV[9 + 2 * n] and ARGV[9 + 2 * n] ~= '' then
   end
 end
 -- <<< summary
+-- Fair appends: the next slot's claim goes to the first waiting writer, not back to us.
+if KEYS[8] then pass_on(KEYS[6], KEYS[7], KEYS[8], from + 1) end
 return {'OK', from + 1, pseg, pbytes, queued}
 """
 
@@ -389,5 +511,14 @@ DELETING = """
 -- KEYS[1] summary. Returns 1 if marked, 0 if there is no summary of that incarnation.
 if redis.call('HGET', KEYS[1], 'inc') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'deleting', '1')
+return 1
+"""
+
+RELEASE = _QUEUE + """
+-- RELEASE: a writer gives up its append (an error after CHECK): it leaves the queue of
+-- waiting writers, and a claim it holds goes to the first of them (see _QUEUE), so that
+-- they need not wait out its lease.
+-- KEYS[1] claim, KEYS[2] queue, KEYS[3] leases; ARGV[1] the writer's nonce
+step_aside(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
 return 1
 """

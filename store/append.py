@@ -6,8 +6,10 @@ Writer W appends batch B to session s, optionally with an expected tail x:
    bad input.
 2. CHECK in Redis (coordination/scripts.CHECK): DUPLICATE (B was committed: return its
    result), COLLISION, UNKNOWN_PARENT, CONFLICT (x is not the tail), BUSY (another writer
-   holds the advisory claim on the next slot: wait in Redis), HYDRATE/INCARNATION (rebuild
-   the state from the object store first, ``store/tail.py``), or OK with n = Redis's tail.
+   holds the advisory claim on the next slot: we are in the session's queue, first come,
+   first served, and the next CHECK first blocks in Redis until the claim is handed to us),
+   HYDRATE/INCARNATION (rebuild the state from the object store first, ``store/tail.py``),
+   or OK with n = Redis's tail.
 3. PUT ``seg/<n+1>`` with If-None-Match: * and a nonce in the metadata (``_put_segment``).
    The object store is the arbiter.
    - taken: read the object. Our nonce: an earlier attempt of ours landed; go on to 4.
@@ -22,8 +24,10 @@ Writer W appends batch B to session s, optionally with an expected tail x:
 5. Past a threshold of pending segments or bytes, queue one compaction job; return
    ``AppendResult``.
 
-Failures before the PUT are plain errors (nothing was written). docs/design.md ("Pauses")
-argues why no interleaving of pauses lets an append be acknowledged that no reader sees.
+Failures before the PUT are plain errors (nothing was written). An append that fails after
+CHECK leaves the queue and passes on a claim it holds (``Coordinator.release``).
+docs/design.md ("Pauses") argues why no interleaving of pauses lets an append be
+acknowledged that no reader sees, and why the queue of waiting writers cannot either.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from store.errors import (
     IndeterminateError,
     ObjectNotFoundError,
     SessionNotFoundError,
+    SessionStoreError,
     UnknownParentError,
 )
 from store.listing import batch_delta
@@ -76,22 +81,43 @@ class Appender:
             if header.incarnation != incarnation:
                 raise SessionNotFoundError(sid)
         nonce = uuid.uuid4().hex
+        try:
+            return self._append(sid, header, batch, expected, incarnation, nonce)
+        except (ConflictError, IdCollisionError, UnknownParentError):
+            raise  # CHECK's refusals: it took us out of the queue itself
+        except SessionStoreError:
+            # Giving up (indeterminate, contention, a deleted session, Redis down): whoever
+            # waits behind us need not wait out our claim, nor find us at the head of the
+            # queue. A crash leaves both to expire.
+            if ctx.options.claim_ms > 0:
+                try:
+                    ctx.coord.release(sid, nonce)
+                except BackendError as exc:
+                    log.info("claim on %s left to expire: %s", sid, exc)
+            raise
+
+    def _append(
+        self, sid: str, header: Header, batch: PreparedBatch, expected: str | None,
+        incarnation: str | None, nonce: str,
+    ) -> AppendResult:
+        ctx = self.ctx
         metadata = segment_metadata(nonce, batch.checksum, len(batch.ids))
         rebuilt_for: int | None = None
-        rounds = busy = 0
+        rounds = 0
+        wait_s = 0.0
         deadline = time.monotonic() + ctx.options.max_wait_s
         while rounds < ctx.options.max_rounds:
             res = ctx.coord.check(
                 sid, header.incarnation, batch.ids, batch.hashes, batch.external_parents,
-                expected, nonce=nonce, claim_ms=ctx.options.claim_ms,
+                expected, nonce=nonce, claim_ms=ctx.options.claim_ms, wait_s=wait_s,
             )
             if res.code == "BUSY":
                 if time.monotonic() > deadline:
                     break
-                busy += 1
-                _wait_behind_claim(busy, res)
+                ctx.fault("append.queued", session_id=sid, nonce=nonce, ticket=res.ticket)
+                wait_s = _turn_wait_s(res, ctx.options.claim_ms)
                 continue
-            busy = 0
+            wait_s = 0.0
             rounds += 1
             if res.code in ("HYDRATE", "INCARNATION"):
                 header = self.tail.repair(sid, header, res.code)
@@ -312,12 +338,12 @@ class Appender:
             log.warning("compaction queue not updated for %s: %s", sid, exc)
 
 
-def _wait_behind_claim(busy: int, res: CheckResult) -> None:
-    """Another writer is PUTting segment n+1: wait for it in Redis (cheap) rather than race
-    it in the object store (a PUT and a GET lost per round). The wait grows while we stay
-    behind others, so a queue of writers does not busy-poll."""
-    pause = min(0.0005 * (2 ** min(busy, 4)), 0.008) * random.uniform(0.5, 1.5)
-    time.sleep(min(pause, res.wait_ms / 1000) if res.wait_ms > 0 else pause)
+def _turn_wait_s(res: CheckResult, claim_ms: int) -> float:
+    """We wait in the session's queue (ticket ``res.ticket``): the next CHECK first waits in
+    Redis until the claim is handed to us, or until the holder's lease runs out, whichever
+    comes first. It also comes well within our own lease in the queue, so that CHECK renews
+    it while we wait (a waiter that stops asking is dropped from the queue)."""
+    return min(res.wait_ms + 1, claim_ms / 4) / 1000
 
 
 def _contention_backoff(round_no: int) -> None:

@@ -149,8 +149,10 @@ class StoreOptions:
     #: Rounds an append may lose to other writers before ContentionError.
     max_rounds: int = 200
     #: Lease (ms) of the advisory claim a writer takes on the next segment number, so that
-    #: concurrent writers queue in Redis instead of all racing the PUT (0 disables). It only
-    #: saves wasted requests: If-None-Match stays the arbiter; a dead writer's claim expires.
+    #: concurrent writers queue in Redis, first come first served, instead of all racing the
+    #: PUT (0 disables claims and the queue). It only orders writers and saves wasted
+    #: requests: If-None-Match stays the arbiter; a dead writer's claim, and its place in the
+    #: queue, expire after this long.
     claim_ms: int = 2000
     #: How long an append waits behind other writers' claims in total before ContentionError.
     max_wait_s: float = 60.0

@@ -6,7 +6,10 @@ weighs on both sides alike.
 
 - Throughput floor: raw conditional PUTs of the same bytes at the same concurrency.
 - Contention floor: one writer's back-to-back PUTs (1 / PUT latency): a session's segments are
-  created one at a time, so no number of writers can beat that.
+  created one at a time, so no number of writers can beat that. Contention runs 1, 2 and P
+  writers on one session: writers are served first come, first served, so the p99 of P
+  writers is held against one writer's (target <= 3x), and the longest run of segments one
+  writer committed in a row is counted.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.context import Context
-from benchmarks.results import fmt_rate, fmt_ratio
+from benchmarks.results import fmt_ms, fmt_rate, fmt_ratio
 from benchmarks.stats import summarize
 from benchmarks.workers import WriterPool
 
@@ -107,70 +110,134 @@ def _throughput(ctx: Context, pool: WriterPool) -> None:
 
 
 def _contention(ctx: Context, pool: WriterPool) -> None:
+    """1, 2 and P writers on one session each (fresh sessions, so each run's segment numbers
+    are its own), against one writer's back-to-back PUTs; the phases of one round run in
+    one order and those of the next in the reverse order (ABBA over four sides)."""
     b, p, R = ctx.backend, ctx.params, ctx.results
     st = b.store()
-    sid = f"contention-{ctx.run_id}"
-    st.create_session(sid)
+    counts = sorted({1, min(2, p.writers), p.writers})
+    sids = {k: f"contention-{ctx.run_id}-w{k}" for k in counts}
+    for sid in sids.values():
+        st.create_session(sid)
 
-    def one(tag: str, d: float) -> list[dict[str, Any]]:
-        return pool.run("one", [{"sid": sid, "duration": d, "tag": tag} for _ in range(p.writers)])
+    def one(k: int, tag: str, d: float) -> list[dict[str, Any]]:
+        return pool.run("one", [{"sid": sids[k], "duration": d, "tag": f"{tag}k{k}"} for _ in range(k)])
 
     warm = min(1.0, p.phase_s / 2)
-    one("cw", warm)
+    for k in counts:
+        one(k, "cw", warm)
     pool.run("puts", [{"duration": warm, "tag": "csw"}])
-    ctx.log(f"contention: {p.phases} x ({p.phase_s:.1f} s, {p.writers} writers on one session + {p.phase_s:.1f} s serial PUTs)")
-    store_runs: list[list[dict[str, Any]]] = []
+    ctx.log(f"contention: {p.phases} x ({len(counts)} x {p.phase_s:.1f} s, {counts} writers on one "
+            f"session + {p.phase_s:.1f} s serial PUTs)")
+    sides: list[int | None] = [*counts, None]  # None: the floor
+    store_runs: dict[int, list[list[dict[str, Any]]]] = {k: [] for k in counts}
     floor_runs: list[dict[str, Any]] = []
-    for k in range(p.phases):
-        for side in _order(k):
-            if side == "store":
-                store_runs.append(one(f"c{k}", p.phase_s))
+    for phase in range(p.phases):
+        for side in sides if phase % 2 == 0 else reversed(sides):
+            if side is None:
+                floor_runs.append(pool.run("puts", [{"duration": p.phase_s, "tag": f"cs{phase}"}])[0])
             else:
-                floor_runs.append(pool.run("puts", [{"duration": p.phase_s, "tag": f"cs{k}"}])[0])
-    acked = [i for run in store_runs for r in run for i in r["acked_ids"]]
-    committed = acked + [i for run in store_runs for r in run for i in r["late_ids"]]
-    puts = sum(r["requests"].get("put", 0) for run in store_runs for r in run)
-    gets = sum(r["requests"].get("get", 0) for run in store_runs for r in run)
-    errors: dict[str, int] = {}
-    for run in store_runs:
-        for r in run:
-            for name, n in r["errors"].items():
-                errors[name] = errors.get(name, 0) + n
+                store_runs[side].append(one(side, f"c{phase}", p.phase_s))
     duration = p.phases * p.phase_s
-    store_rate = len(acked) / duration
     floor_rate = sum(r["done"] for r in floor_runs) / duration
-    present = {str(e["id"]) for e in st.load_session_entries(sid)}
-    lost = [i for i in committed if i not in present]
-    ratio = store_rate / floor_rate if floor_rate else float("nan")
-    retries = (puts - len(committed)) / len(committed) if committed else float("nan")
-    R.fig("contention.store.appends_per_s", store_rate, "1/s")
+    per_k = {k: _contention_side(st, sids[k], store_runs[k], duration) for k in counts}
+    top, single = per_k[p.writers], per_k[1]
+    lost = sum(len(x["lost"]) for x in per_k.values())
+    ratio = top["rate"] / floor_rate if floor_rate else float("nan")
+    p99_ratio = top["latency"]["p99"] / single["latency"]["p99"] if single["latency"]["p99"] else float("nan")
+    longest = max((x["longest_run"] for k, x in per_k.items() if k > 1), default=0)
+    R.fig("contention.store.appends_per_s", top["rate"], "1/s")
     R.fig("contention.floor.segments_per_s", floor_rate, "1/s")
     R.fig("contention.ratio", ratio, "x")
-    R.fig("contention.retries_per_append", retries, "rounds")
-    R.fig("contention.gets_per_append", gets / len(committed) if committed else float("nan"), "requests")
-    R.fig("contention.lost", len(lost), "appends")
-    R.fig("contention.errors", sum(errors.values()), "appends")
-    R.fig("contention.acked", len(acked), "appends")
-    lat = summarize([x for run in store_runs for r in run for x in r["latency"]])
-    R.fig("contention.store.p50_ms", lat["p50"], "ms")
-    R.fig("contention.store.p99_ms", lat["p99"], "ms")
+    R.fig("contention.retries_per_append", top["retries"], "rounds")
+    R.fig("contention.gets_per_append", top["gets_per_append"], "requests")
+    R.fig("contention.lost", lost, "appends")
+    R.fig("contention.errors", sum(sum(x["errors"].values()) for x in per_k.values()), "appends")
+    R.fig("contention.acked", top["acked"], "appends")
+    R.fig("contention.store.p50_ms", top["latency"]["p50"], "ms")
+    R.fig("contention.store.p99_ms", top["latency"]["p99"], "ms")
+    for k, x in per_k.items():
+        R.fig(f"contention.w{k}.p50_ms", x["latency"]["p50"], "ms")
+        R.fig(f"contention.w{k}.p99_ms", x["latency"]["p99"], "ms")
+        R.fig(f"contention.w{k}.appends_per_s", x["rate"], "1/s")
+    R.fig("contention.p99_vs_single", p99_ratio, "x")
+    R.fig("contention.longest_run", longest, "appends")
     R.details["contention"] = {
-        "writers": p.writers,
-        "acked": len(acked),
-        "committed_after_deadline": len(committed) - len(acked),
-        "lost_ids": lost[:20],
-        "errors": errors,
-        "object_requests": {"put": puts, "get": gets},
-        "store_latency_ms": lat,
+        "writers": counts,
+        "per_writer_count": {
+            str(k): {
+                "acked": x["acked"],
+                "committed_after_deadline": x["late"],
+                "lost_ids": x["lost"][:20],
+                "errors": x["errors"],
+                "object_requests": x["requests"],
+                "longest_run_of_one_writer": x["longest_run"],
+                "store_latency_ms": x["latency"],
+            }
+            for k, x in per_k.items()
+        },
         "floor_put_latency_ms": summarize([x for r in floor_runs for x in r["latency"]]),
     }
     t = R.target("contention >= 0.7x floor", "contention.ratio", ">=", 0.7)
     R.target("contention: zero lost", "contention.lost", "<=", 0)
+    fair = R.target(f"contention: p99 with {p.writers} writers <= 3x one writer's",
+                    "contention.p99_vs_single", "<=", 3.0)
+    for k, x in per_k.items():
+        R.row(
+            "contention (no expected tail)",
+            f"P={k} on one session: p50 / p99; rate",
+            f"{fmt_ms(x['latency']['p50'])} / {fmt_ms(x['latency']['p99'])}; {fmt_rate(x['rate'])}",
+            "",
+            "",
+        )
+    R.row(
+        "contention (no expected tail)",
+        f"P={p.writers} on one session: p99 / one writer's p99; longest run of one writer",
+        f"{p99_ratio:.2f}x; {longest} in a row",
+        "",
+        fmt_ratio(p99_ratio),
+        target=fair,
+    )
     R.row(
         "contention (no expected tail)",
         f"P={p.writers} on one session: rate; retries/append; lost",
-        f"{fmt_rate(store_rate)}; {retries:.2f} retries; {len(lost)} lost",
+        f"{fmt_rate(top['rate'])}; {top['retries']:.2f} retries; {lost} lost",
         f"{fmt_rate(floor_rate)} (1/PUT)",
         fmt_ratio(ratio),
         target=t,
     )
+
+
+def _contention_side(st: Any, sid: str, runs: list[list[dict[str, Any]]], duration: float) -> dict[str, Any]:
+    """What the runs of one writer count did: rate, latency, retries, lost appends, and the
+    longest run of segments one writer committed in a row (FIFO order keeps it near 1)."""
+    acked = [i for run in runs for r in run for i in r["acked_ids"]]
+    committed = acked + [i for run in runs for r in run for i in r["late_ids"]]
+    puts = sum(r["requests"].get("put", 0) for run in runs for r in run)
+    gets = sum(r["requests"].get("get", 0) for run in runs for r in run)
+    errors: dict[str, int] = {}
+    for run in runs:
+        for r in run:
+            for name, n in r["errors"].items():
+                errors[name] = errors.get(name, 0) + n
+    present = {str(e["id"]) for e in st.load_session_entries(sid)}
+    longest = 0
+    for run in runs:
+        order = sorted((seq, w) for w, r in enumerate(run) for seq in r["seqs"])
+        streak, prev = 0, None
+        for _seq, w in order:
+            streak = streak + 1 if w == prev else 1
+            prev = w
+            longest = max(longest, streak)
+    return {
+        "rate": len(acked) / duration,
+        "acked": len(acked),
+        "late": len(committed) - len(acked),
+        "lost": [i for i in committed if i not in present],
+        "errors": errors,
+        "requests": {"put": puts, "get": gets},
+        "retries": (puts - len(committed)) / len(committed) if committed else float("nan"),
+        "gets_per_append": gets / len(committed) if committed else float("nan"),
+        "latency": summarize([x for run in runs for r in run for x in r["latency"]]),
+        "longest_run": longest,
+    }
