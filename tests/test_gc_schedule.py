@@ -60,8 +60,11 @@ def test_only_due_sessions_cost_object_requests(store: SessionStore) -> None:
     clock.advance(GRACE_MS)
     result = gc.collect_due()
     assert result.sessions == 1 and result.count("segment") == 3
-    # One session's GC: a LIST of it and one of its manifests; none for the 200 idle.
-    assert store.objects.requests["list"] == 2
+    # One session's GC: a LIST of it and one of its manifests (2 requests on moto, a few
+    # more where the backend lists directory by directory); a scan of the 200 idle ones
+    # would take at least 400.
+    assert 2 <= store.objects.requests["list"] <= 10
+    assert store.objects.requests["get"] + store.objects.requests["head"] <= 10
     assert keys_of(store, "due") == reachable(store, "due")
     assert view(store, "due") == expected
     assert store.coord.gc_scheduled("due") == (None, None)
@@ -202,6 +205,7 @@ def test_the_job_loop_runs_no_gc(store: SessionStore, make_store: Callable[..., 
         for sid in sids:
             job_store.create_session(sid)
             fill(job_store, sid, 3, tag=sid)  # queues one job each
+        keys_of(job_store, sids[0])  # the backend's listing style is learnt before counting
         options = WorkerOptions(claim_idle_ms=0, block_ms=50, sweep_rate=0.0) if gc_on else \
             WorkerOptions(claim_idle_ms=0, block_ms=50, gc_poll_ms=0, gc_interval_ms=0)
         done = [0]
