@@ -83,8 +83,19 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds to wait for a job per pass (default %(default)s)")
     w.add_argument("--heartbeat", type=float, default=d.heartbeat_interval_ms / 1000,
                    help="seconds between heartbeats (default %(default)s)")
+    w.add_argument("--gc-poll", type=float, default=d.gc_poll_ms / 1000,
+                   help="seconds between looks at the GC schedule, 0: no scheduled GC on this "
+                        "worker (default %(default)s)")
+    w.add_argument("--gc-lease", type=float, default=d.gc_lease_ms / 1000,
+                   help="seconds a claimed GC entry stays this worker's (default %(default)s)")
     w.add_argument("--gc-interval", type=float, default=d.gc_interval_ms / 1000,
-                   help="seconds between full GC passes, 0 for none (default %(default)s)")
+                   help="seconds between sweeps (the full GC pass that finds orphans; one "
+                        "worker at a time), 0: this worker never sweeps (default %(default)s)")
+    w.add_argument("--sweep-rate", type=float, default=d.sweep_rate,
+                   help="sessions per second the sweep collects at most, 0: no limit "
+                        "(default %(default)s)")
+    w.add_argument("--sweep-lease", type=float, default=d.sweep_lease_ms / 1000,
+                   help="seconds after which a silent sweeper is replaced (default %(default)s)")
     c = sub.add_parser("compact", parents=[common], help="compact sessions now")
     c.add_argument("sessions", nargs="+")
     g = sub.add_parser("gc", parents=[common], help="garbage-collect sessions (all by default)")
@@ -163,7 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     max_deliveries=args.max_deliveries,
                     block_ms=max(1, int(args.block * 1000)),
                     heartbeat_interval_ms=int(args.heartbeat * 1000),
+                    gc_poll_ms=int(args.gc_poll * 1000),
+                    gc_lease_ms=max(1, int(args.gc_lease * 1000)),
                     gc_interval_ms=int(args.gc_interval * 1000),
+                    sweep_rate=args.sweep_rate,
+                    sweep_lease_ms=max(1, int(args.sweep_lease * 1000)),
                 ),
             )
             return worker.run(burst=args.burst)

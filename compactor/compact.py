@@ -38,6 +38,7 @@ from typing import IO, Any, Iterator
 
 from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
 from compactor.gc import GarbageCollector
+from compactor.schedule import schedule_gc
 from compactor.records import BaseRef, CompactionRecord, CompactionResult, GcResult
 from compactor.redaction import RedactionIndex
 from store.core import SessionStore
@@ -201,6 +202,9 @@ class Compactor:
             store.coord.compacted(sid, inc, len(segments), scan.segment_bytes, last_seq, gen)
         except BackendError as exc:
             log.warning("pending counters not updated", extra={"session_id": sid, "error": str(exc)})
+        # GC schedule (compactor/schedule.py): what this manifest retired is due one grace
+        # period from now (taken after the create: never before the manifest's own time).
+        schedule_gc(store, sid, self.now() + self.options.grace_ms)
         result = CompactionResult(
             sid,
             "compacted",

@@ -83,8 +83,28 @@ class WorkerOptions:
     #: XREADGROUP BLOCK; kept below the Redis socket timeout (the worker clamps it).
     block_ms: int = 1000
     heartbeat_interval_ms: int = 5_000
-    #: Full GC pass over every session this often (0: only the sessions a job compacted).
-    gc_interval_ms: int = 10 * 60 * 1000
+    #: Scheduled GC (compactor/schedule.py): a thread of the worker looks for due sessions
+    #: this often (0: this worker runs no scheduled GC).
+    gc_poll_ms: int = 1000
+    #: A claimed schedule entry is this worker's for this long; a worker that dies or
+    #: pauses longer lets another take it. Must exceed one session's GC.
+    gc_lease_ms: int = 60_000
+    #: Entries claimed per bucket and call.
+    gc_batch: int = 100
+    #: The sweep (the full GC pass that finds orphans and entries Redis lost) runs once per
+    #: this period, by one worker at a time (0: this worker never sweeps).
+    gc_interval_ms: int = 24 * 60 * 60 * 1000
+    #: Sessions the sweep collects per second at most (0: no limit).
+    sweep_rate: float = 20.0
+    #: The sweeper's lease, extended after every session; a sweeper that stops or pauses
+    #: longer is replaced by another that carries on from the cursor it left in Redis.
+    sweep_lease_ms: int = 60_000
     #: Jobs taken per XREADGROUP / XAUTOCLAIM call. More than one makes a warm stop strand
     #: the extra jobs with this consumer until another worker's ``claim_idle_ms`` passes.
     batch: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.gc_poll_ms, self.gc_interval_ms, self.sweep_rate) < 0:
+            raise ValueError("gc_poll_ms, gc_interval_ms and sweep_rate must be >= 0")
+        if self.gc_lease_ms <= 0 or self.sweep_lease_ms <= 0 or self.gc_batch <= 0:
+            raise ValueError("gc_lease_ms, sweep_lease_ms and gc_batch must be positive")

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 
 from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
 from compactor.records import GcResult
+from compactor.schedule import schedule_gc
 from store.errors import BackendError, IndeterminateError, SessionNotFoundError, SessionStoreError
 from store.manifest import Manifest, fence_manifest
 
@@ -355,6 +356,8 @@ class GarbageCollector:
             store.coord.compacted(sid, inc, 0, 0, through, gen)
         except BackendError:
             pass  # a hint only: readers that find no manifest there list them
+        # The fence retired the manifest it copied: due one grace period from now.
+        schedule_gc(store, sid, self.now() + grace)
         return True
 
     # --- other incarnations ------------------------------------------------------------------

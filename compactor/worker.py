@@ -1,10 +1,12 @@
 """The worker loop of ``python -m compactor``.
 
-Each pass: heartbeat (when due), a full GC pass (when due), take over jobs other workers left
-pending too long (XAUTOCLAIM), else read new ones (XREADGROUP, blocking briefly), and run
-them. A job: park it if it has been delivered too often; clear the session's queued marker;
-compact (repeatedly if more segments wait than one compaction merges); acknowledge; GC that
-session. A failing job stays pending and comes back through XAUTOCLAIM after
+Each pass: heartbeat (when due), take over jobs other workers left pending too long
+(XAUTOCLAIM), else read new ones (XREADGROUP, blocking briefly), and run them. A job: park it
+if it has been delivered too often; clear the session's queued marker; compact (repeatedly if
+more segments wait than one compaction merges; each compaction schedules the GC of what it
+retired); acknowledge. GC runs outside the job loop, in two threads of the worker
+(``compactor/schedule.py``): one collects the sessions the schedule says are due, the other
+runs the slow sweep when it is due and no other worker runs it. A failing job stays pending and comes back through XAUTOCLAIM after
 ``claim_idle_ms``; on its ``max_deliveries``-th failure it is parked with its error.
 
 Stopping (as rq does it): the first SIGTERM or SIGINT is a warm stop (finish the current job,
@@ -28,6 +30,7 @@ from typing import Any
 from compactor.compact import Compactor
 from compactor.config import WorkerOptions, wall_clock_ms
 from compactor.records import CompactionResult
+from compactor.schedule import GcScheduler
 from coordination.jobs import Job, JobQueue
 from store.errors import BackendError, SessionNotFoundError, SessionStoreError
 
@@ -45,6 +48,8 @@ class ColdStop(BaseException):
 class WorkerStats:
     """Counters of one worker process (mutable state, reported in heartbeats and at exit)."""
 
+    #: Passes of the job loop (each takes jobs or waits for them; no GC in them).
+    passes: int = 0
     jobs_done: int = 0
     jobs_failed: int = 0
     jobs_parked: int = 0
@@ -74,7 +79,9 @@ class Worker:
         self._stopping = False
         self._started_ms = wall_clock_ms()
         self._last_heartbeat = float("-inf")
-        self._last_gc = time.monotonic()
+        self.gc = GcScheduler(compactor, self.options)
+        self._gc_stop = threading.Event()
+        self._stats_lock = threading.Lock()
         # XREADGROUP must return before the client's socket timeout reads it as a dead server.
         timeout_ms = int(compactor.store.options.redis_socket_timeout * 1000)
         self._block_ms = max(1, min(self.options.block_ms, timeout_ms // 2))
@@ -108,15 +115,15 @@ class Worker:
         failures = 0
         log.info("worker started", extra={"worker": self.name, "burst": burst, "pid": os.getpid()})
         grouped = False
+        threads = [] if burst else self._start_gc()
         try:
             while not self._stopping:
                 try:
                     if not grouped:
                         self.queue.ensure_group()
                         grouped = True
+                    self.stats.passes += 1
                     self._heartbeat()
-                    if not burst:
-                        self._maybe_gc()
                     jobs = self.queue.claim_stale(self.options.claim_idle_ms, self.options.batch)
                     if not jobs:
                         jobs = self.queue.read_new(self.options.batch, None if burst else self._block_ms)
@@ -148,8 +155,11 @@ class Worker:
         except ColdStop:
             code = 1
         finally:
+            self._gc_stop.set()
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
+            for thread in threads:
+                thread.join(self.options.gc_lease_ms / 1000)
             self.queue.leave()
             log.info("worker stopped", extra={"worker": self.name, "code": code, **self.stats.as_dict()})
         return code
@@ -192,11 +202,6 @@ class Worker:
         c.fault("job.before_ack", **ctx)
         self.queue.ack(job)
         self.stats.jobs_done += 1
-        try:
-            self.stats.gc_deleted += len(c.gc_session(job.session_id).deleted)
-        except Exception as exc:  # GC is housekeeping: it never takes the worker down
-            log.warning("gc after compaction failed", exc_info=not isinstance(exc, SessionStoreError),
-                        extra={**ctx, "error": str(exc)})
 
     def _count(self, result: CompactionResult) -> None:
         s = self.stats
@@ -235,15 +240,34 @@ class Worker:
             }
         )
 
-    def _maybe_gc(self) -> None:
-        interval = self.options.gc_interval_ms
-        if interval <= 0 or (time.monotonic() - self._last_gc) * 1000 < interval:
-            return
-        self._last_gc = time.monotonic()
-        try:
-            result = self.compactor.gc()
-        except Exception as exc:  # GC is housekeeping: it never takes the worker down
-            log.warning("gc pass failed", exc_info=not isinstance(exc, SessionStoreError),
-                        extra={"error": str(exc)})
-            return
-        self.stats.gc_deleted += len(result.deleted)
+    # --- GC, outside the job loop ------------------------------------------------------------
+
+    def _start_gc(self) -> list[threading.Thread]:
+        loops = []
+        if self.options.gc_poll_ms > 0:
+            loops.append(("gc-due", self.gc.collect_due, self.options.gc_poll_ms))
+        if self.options.gc_interval_ms > 0:
+            # Whether a sweep is due is asked at most once a minute (and once at start).
+            poll = min(self.options.gc_interval_ms, 60_000)
+            loops.append(("gc-sweep", lambda: self.gc.sweep(self._gc_stop), poll))
+        threads = []
+        for name, step, every_ms in loops:
+            thread = threading.Thread(target=self._gc_loop, args=(step, every_ms),
+                                      name=f"{self.name}-{name}", daemon=True)
+            thread.start()
+            threads.append(thread)
+        return threads
+
+    def _gc_loop(self, step: Any, every_ms: int) -> None:
+        while not self._gc_stop.is_set():
+            try:
+                result = step()
+            except Exception as exc:  # GC is housekeeping: it never takes the worker down
+                log.warning("gc failed", exc_info=not isinstance(exc, SessionStoreError),
+                            extra={"error": str(exc)})
+                result = None
+            if result is not None and result.deleted:
+                with self._stats_lock:
+                    self.stats.gc_deleted += len(result.deleted)
+            if result is None or not result.sessions:  # a backlog: go on at once
+                self._gc_stop.wait(every_ms / 1000)

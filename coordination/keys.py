@@ -2,14 +2,21 @@
 
 Per-session keys carry the hash tag ``{sid}`` so that all of a session's keys live in one
 Redis Cluster slot and a Lua script may touch them together. The job queue is a global key
-in another slot: it is never touched from a per-session script. There is no global session
+in another slot: it is never touched from a per-session script. The GC schedule is spread
+over ``GC_BUCKETS`` keys, each with its own hash tag (a bucket's two keys share a slot), so
+that it spreads over a cluster's nodes; a session's bucket is a hash of its id. There is no global session
 index: listings page the object store and read each page's ``summary`` hashes in one
 pipeline (``store/listing.py``).
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
+
+#: Buckets of the GC schedule. Every process of a deployment must use the same number (an
+#: entry in a bucket nobody drains waits for the sweep, see compactor/schedule.py).
+GC_BUCKETS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +106,26 @@ class Keys:
         """Hash: "<sid>/<inc>" -> ms the GC first saw objects of a session without a header
         (losing it only delays a deletion: the clock starts again)."""
         return f"{self.prefix}:compaction:gc-seen"
+
+    @staticmethod
+    def gc_bucket(sid: str) -> int:
+        return zlib.crc32(sid.encode()) % GC_BUCKETS
+
+    def gc_due(self, bucket: int) -> str:
+        """Sorted set: session id -> epoch ms when GC of the session is next due (a manifest
+        retired objects whose grace period ends then; see compactor/schedule.py)."""
+        return f"{self.prefix}:{{gc-{bucket}}}:due"
+
+    def gc_leased(self, bucket: int) -> str:
+        """Sorted set: session id -> deadline (ms) of the worker collecting it now. Shares
+        ``gc_due``'s slot: a script moves entries between the two."""
+        return f"{self.prefix}:{{gc-{bucket}}}:leased"
+
+    @property
+    def gc_sweep(self) -> str:
+        """Hash: ``owner`` and ``until`` (the sweeper's lease), ``cursor`` (the last session
+        swept), ``done`` (ms when the last full sweep finished)."""
+        return f"{self.prefix}:compaction:gc-sweep"
 
     @property
     def workers(self) -> str:

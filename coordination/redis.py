@@ -207,6 +207,10 @@ class Coordinator:
         self._summary = client.register_script(scripts.SUMMARY)
         self._deleting = client.register_script(scripts.DELETING)
         self._release = client.register_script(scripts.RELEASE)
+        self._gc_claim = client.register_script(scripts.GC_CLAIM)
+        self._gc_done = client.register_script(scripts.GC_DONE)
+        self._sweep_lease = client.register_script(scripts.SWEEP_LEASE)
+        self._sweep_progress = client.register_script(scripts.SWEEP_PROGRESS)
 
     @classmethod
     def from_url(
@@ -601,6 +605,54 @@ class Coordinator:
         fields = [f"{sid}/{inc}" for inc in incs]
         if fields:
             self._call(lambda: self.client.hdel(self.keys.gc_seen, *fields), retry=False)
+
+    # --- the GC schedule and sweep (compactor/schedule.py) ----------------------------------
+
+    def gc_schedule(self, sid: str, due_ms: int) -> None:
+        """GC of ``sid`` is due at ``due_ms`` (an earlier entry of the session stays)."""
+        key = self.keys.gc_due(self.keys.gc_bucket(sid))
+        self._call(lambda: self.client.zadd(key, {sid: due_ms}, lt=True))
+
+    def gc_claim(self, bucket: int, now_ms: int, lease_ms: int, limit: int) -> tuple[int, list[str]]:
+        """Sessions of ``bucket`` whose GC is due, leased to the caller until the deadline
+        returned (scripts.GC_CLAIM)."""
+        keys = [self.keys.gc_due(bucket), self.keys.gc_leased(bucket)]
+        got = self._call(lambda: self._gc_claim(keys=keys, args=[now_ms, lease_ms, limit]), retry=False)
+        return int(_s(got[0])), [_s(m) for m in got[1:]]
+
+    def gc_done(self, sid: str, deadline_ms: int, again_ms: int | None = None) -> bool:
+        """Give back the lease on ``sid`` (due again at ``again_ms`` if given)."""
+        bucket = self.keys.gc_bucket(sid)
+        keys = [self.keys.gc_due(bucket), self.keys.gc_leased(bucket)]
+        args = [sid, deadline_ms, "" if again_ms is None else again_ms]
+        return bool(self._call(lambda: self._gc_done(keys=keys, args=args)))
+
+    def gc_scheduled(self, sid: str) -> tuple[int | None, int | None]:
+        """(due ms, lease deadline ms) of ``sid`` in the schedule (operators, tests)."""
+        bucket = self.keys.gc_bucket(sid)
+        due = self._call(lambda: self.client.zscore(self.keys.gc_due(bucket), sid))
+        leased = self._call(lambda: self.client.zscore(self.keys.gc_leased(bucket), sid))
+        return (None if due is None else int(due)), (None if leased is None else int(leased))
+
+    def sweep_lease(
+        self, worker: str, now_ms: int, lease_ms: int, period_ms: int
+    ) -> tuple[str, int | None] | None:
+        """Take or extend the sweep's lease: (cursor, ms the last sweep finished), or None
+        when another worker holds it or no sweep is due (scripts.SWEEP_LEASE)."""
+        args = [worker, now_ms, lease_ms, period_ms]
+        got = self._call(lambda: self._sweep_lease(keys=[self.keys.gc_sweep], args=args), retry=False)
+        if not got or int(got[0]) != 1:
+            return None
+        done = _s(got[2])
+        return _s(got[1]), (int(done) if done else None)
+
+    def sweep_progress(
+        self, worker: str, cursor: str, now_ms: int, lease_ms: int, *, done: bool = False
+    ) -> bool:
+        """Record the sweep's cursor and extend the lease (or record its end and give the
+        lease up); False when the lease is another worker's (scripts.SWEEP_PROGRESS)."""
+        args = [worker, cursor, now_ms if done else "", now_ms, lease_ms]
+        return bool(self._call(lambda: self._sweep_progress(keys=[self.keys.gc_sweep], args=args)))
 
     def enqueue_compaction(self, sid: str, *, reason: str, ttl_s: int = 3600) -> bool:
         """Queue one job for the session unless one is already pending."""

@@ -522,3 +522,70 @@ RELEASE = _QUEUE + """
 step_aside(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
 return 1
 """
+
+GC_CLAIM = """
+-- GC_CLAIM: a worker takes sessions whose GC is due (compactor/schedule.py).
+-- KEYS[1] due (session -> due ms), KEYS[2] leased (session -> lease deadline ms);
+-- ARGV[1] now ms, ARGV[2] lease ms, ARGV[3] at most this many.
+-- Leases that ran out (their worker died or paused) go back to due first, due at once. A
+-- session taken moves from due to leased with deadline now + lease; it leaves leased only
+-- through GC_DONE by the same lease. Returns {deadline, session, session, ...}.
+local now = tonumber(ARGV[1])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1000)
+for i = 1, #expired do
+  redis.call('ZADD', KEYS[1], 'LT', now, expired[i])
+  redis.call('ZREM', KEYS[2], expired[i])
+end
+local deadline = now + tonumber(ARGV[2])
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {tostring(deadline)}
+for i = 1, #due do
+  redis.call('ZREM', KEYS[1], due[i])
+  redis.call('ZADD', KEYS[2], deadline, due[i])
+  out[#out + 1] = due[i]
+end
+return out
+"""
+
+GC_DONE = """
+-- GC_DONE: the worker holding lease ARGV[2] on session ARGV[1] collected it.
+-- KEYS[1] due, KEYS[2] leased; ARGV[3] "" or when to look again (ms; something waits).
+-- A lease that ran out and was taken by another worker is not ours: nothing changes (that
+-- worker finishes the entry). An entry due again meanwhile (a new manifest) stays in due.
+-- Returns 1 when the lease was ours.
+local held = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not held or tonumber(held) ~= tonumber(ARGV[2]) then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+if ARGV[3] ~= '' then redis.call('ZADD', KEYS[1], 'LT', tonumber(ARGV[3]), ARGV[1]) end
+return 1
+"""
+
+SWEEP_LEASE = """
+-- SWEEP_LEASE: take or extend the lease of the GC sweep (one sweeper at a time).
+-- KEYS[1] the sweep hash; ARGV[1] worker, ARGV[2] now ms, ARGV[3] lease ms, ARGV[4] period ms.
+-- Succeeds when nobody holds it, its holder's lease ran out, or we hold it, and a sweep is
+-- under way (a cursor) or due (none finished within the period: a flushed Redis forgot the
+-- last one, so a sweep starts at once). Returns {1, cursor, done}, {0} (another worker's),
+-- or {2} (not due).
+local s = redis.call('HMGET', KEYS[1], 'owner', 'until', 'cursor', 'done')
+local now = tonumber(ARGV[2])
+if s[1] and s[1] ~= ARGV[1] and tonumber(s[2] or '0') > now then return {0} end
+if (s[3] or '') == '' and s[4] and now < tonumber(s[4]) + tonumber(ARGV[4]) then return {2} end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'until', now + tonumber(ARGV[3]))
+return {1, s[3] or '', s[4] or ''}
+"""
+
+SWEEP_PROGRESS = """
+-- SWEEP_PROGRESS: the sweeper holding the lease records how far it got.
+-- KEYS[1] the sweep hash; ARGV[1] worker, ARGV[2] cursor ("" when the sweep finished),
+-- ARGV[3] "" or the ms the sweep finished (it then gives the lease up), ARGV[4] now ms,
+-- ARGV[5] lease ms (the lease is extended to now + lease).
+-- Returns 1, or 0 when the lease is another worker's now (it carries on; we stop).
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'cursor', ARGV[2], 'until', tonumber(ARGV[4]) + tonumber(ARGV[5]))
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'done', ARGV[3])
+  redis.call('HDEL', KEYS[1], 'owner', 'until')
+end
+return 1
+"""

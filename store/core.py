@@ -119,13 +119,15 @@ class SessionStore:
                         "runs before the first write", exc)
 
     def _ensure_probed(self) -> None:
-        """Refuse a backend that accepts a second If-None-Match create (once per store)."""
+        """Refuse a backend that accepts a second If-None-Match create (probed once per store
+        and backend: a passed probe is recorded in the store, see
+        ``ObjectStore.verify_conditional_writes``)."""
         if self._probed:
             return
         with self._probe_lock:
             if not self._probed:
                 self.options.retry.call(
-                    lambda: self.objects.probe_conditional_writes(self.layout.probe_prefix)
+                    lambda: self.objects.verify_conditional_writes(self.layout.probe_prefix)
                 )
                 self._probed = True
 

@@ -252,6 +252,10 @@ class FileObjectStore(ObjectStore):
         finally:
             os.close(fd)
 
+    @property
+    def identity(self) -> str:
+        return f"file {self._root}"
+
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
         self._count("list")
         base, _, _ = prefix.rpartition("/")

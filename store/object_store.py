@@ -10,6 +10,8 @@ exists only for garbage collection and ``delete_session``.
 
 from __future__ import annotations
 
+import hashlib
+
 import re
 import threading
 import time
@@ -131,6 +133,33 @@ class ObjectStore(ABC):
 
     def close(self) -> None:
         pass
+
+    @property
+    def identity(self) -> str:
+        """What this backend is (its kind, and where its objects live): a recorded probe
+        verdict holds for one identity only (see :meth:`verify_conditional_writes`)."""
+        return type(self).__name__
+
+    def verify_conditional_writes(self, prefix: str) -> None:
+        """:meth:`probe_conditional_writes` once per store and backend, not once per process.
+
+        A passed probe is recorded as ``<prefix>verdict-<hash of identity>``, created with
+        If-None-Match after the probe passed; a process that finds it (one HEAD) skips the
+        probe. A backend that ignores If-None-Match never passes, so never has a verdict. The
+        name holds the backend's identity (kind, endpoint, bucket): a bucket copied, verdict
+        and all, to another backend or endpoint is probed again there. A server replaced in
+        place behind the same endpoint and bucket is not noticed: delete ``<prefix>verdict-*``
+        then (``doctor`` always probes).
+        """
+        digest = hashlib.sha256(self.identity.encode()).hexdigest()[:16]
+        key = f"{prefix}verdict-{digest}"
+        if self.head(key) is not None:
+            return
+        self.probe_conditional_writes(prefix)
+        try:
+            self.put_if_absent(key, self.identity.encode() + b"\n")
+        except ObjectExistsError:
+            pass  # another process of the store recorded it first
 
     def probe_conditional_writes(self, prefix: str) -> None:
         """Refuse a backend that silently ignores If-None-Match (some emulators do)."""

@@ -107,6 +107,10 @@ class S3ObjectStore(ObjectStore):
         #: MaxKeys of a listing page (None: the server's, 1,000); small in tests of paging.
         self._page_size: int | None = None
 
+    @property
+    def identity(self) -> str:
+        return f"s3 {self.config.endpoint_url or 'aws'} {self.bucket}"
+
     def _sse_args(self) -> dict[str, str]:
         args: dict[str, str] = {}
         if self.config.sse:

@@ -996,5 +996,15 @@ def test_worker_on_redis_cluster(cluster_url: str, s3_url: str) -> None:
         for sid in sessions[1:]:
             assert store.latest_manifest(sid, store.get_header(sid).incarnation) is not None
         assert compactor_for(store, clock).gc().sessions == 5  # marks the headerless one
+        # The GC schedule (buckets in slots of their own) and the sweep's lease.
+        from compactor.schedule import GcScheduler
+
+        gc = GcScheduler(compactor_for(store, clock), WorkerOptions(sweep_rate=0.0))
+        clock.advance(GRACE_MS)
+        collected = gc.collect_due()
+        assert collected.sessions == 3 and collected.count("segment") == 12
+        assert all(store.coord.gc_scheduled(sid) == (None, None) for sid in sessions)
+        swept = gc.sweep()
+        assert swept is not None and swept.sessions == 5
     finally:
         store.close()

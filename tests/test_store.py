@@ -370,3 +370,33 @@ def test_purge_removes_only_its_own_prefix(make_store: Callable[..., SessionStor
     assert other.coord.tail("q") is not None
     # Nothing durable lived there: the session reads back whole.
     assert mine.load_session_entries("p") == [entry("a", None)]
+
+
+def test_the_conditional_write_probe_runs_once_per_store_and_backend(
+    s3_url: str, redis_url: str, redis_prefix: str
+) -> None:
+    from coordination.redis import Coordinator
+    from store.errors import ConditionalWritesUnsupportedError
+    from test_objects import LyingObjectStore
+
+    first = SessionStore.from_url(s3_url, redis_url, redis_prefix=redis_prefix)
+    probe = first.layout.probe_prefix
+    assert first.objects.requests["put"] >= 2  # the probe, then its verdict
+    verdicts = [i.key for i in first.objects.list(probe)]
+    assert len(verdicts) == 1 and verdicts[0].startswith(f"{probe}verdict-")
+    second = SessionStore.from_url(s3_url, redis_url, redis_prefix=redis_prefix)
+    # One HEAD finds the verdict: no probe object written or deleted by the second process.
+    assert dict(second.objects.requests) == {"head": 1}
+    second.create_session("after")
+    assert second.append_session_entries("after", [entry("a", None)]).seq == 1
+    # The same bucket's objects on another backend (one that ignores If-None-Match): the
+    # verdict names the backend it was found on, so this one is probed, and refused.
+    lying = LyingObjectStore()
+    stored = first.objects.get(verdicts[0])
+    lying.put_if_absent(verdicts[0].removeprefix(first.layout.prefix), stored.data)
+    coord = Coordinator.from_url(redis_url, prefix=redis_prefix)
+    with pytest.raises(ConditionalWritesUnsupportedError):
+        SessionStore(lying, coord)
+    coord.close()
+    first.close()
+    second.close()
