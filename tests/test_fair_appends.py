@@ -179,8 +179,11 @@ def test_a_lapsed_claim_goes_to_the_first_waiter_not_to_a_newcomer(
     stall.wait_paused()
     nonce = stall.seen[-1][1]["nonce"]
     wait_for(lambda: claim(newcomer, "l") is None, "the stopped holder's claim ran out")
+    assert queued(newcomer, "l") == [nonce]
     n = InThread(lambda: newcomer.append_session_entries("l", [entry("n", "a")]).seq)
-    wait_for(lambda: len(queued(newcomer, "l")) == 1, "the newcomer queued")
+    # The newcomer's CHECK handed the claim to the waiter (out of the queue) and queued itself.
+    wait_for(lambda: queued(newcomer, "l") not in ([], [nonce]), "the newcomer queued")
+    assert len(queued(newcomer, "l")) == 1
     assert claim(newcomer, "l") == f"1:{nonce}"
     stall.release()
     assert w.result() == 2
