@@ -413,3 +413,43 @@ def test_manifest_records_redactions_and_a_fence_copies_them(
     raw = orjson.loads(store.objects.get(
         store.layout.manifest("fr", store.get_header("fr").incarnation, res.generation)).data)
     assert raw["redactions"] == [["x", "rx", "pii"]]
+
+
+def test_a_manifest_without_redactions_makes_the_next_compaction_rewrite_everything(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """A manifest written before runs were kept (no ``redactions``) says nothing about the
+    redactions its bases hold: the next compaction reads and rewrites every base, and its
+    manifest records them, so that a later target is still purged."""
+    from store.manifest import build_manifest, compaction_record
+
+    store = make_store()
+    clock = FakeClock()
+    store.create_session("old")
+    app = Appender(store, "old")
+    c = compactor_for(store, clock)
+    app.batch("a", 20, per_segment=4)
+    store.append_session_entries("old", [redaction("r-late", app.parent, "late")])
+    app.parent = "r-late"
+    c.compact_session("old")
+    first = latest(store, "old")
+    inc = store.get_header("old").incarnation
+    # Manifest 2 as the compactor before this change wrote it: the same content, no
+    # ``redactions``.
+    body = build_manifest(
+        session_id="old", incarnation=inc, generation=2, previous=first,
+        through_seq=first.through_seq, seq_counts=first.seq_counts, bases=[dict(b) for b in first.bases],
+        entry_count=sum(first.seq_counts), last_entry_id=str(first.raw["last_entry_id"]),
+        compaction=compaction_record(worker="old", started_ms=clock(), finished_ms=clock()),
+        retired=[], grace_ms=GRACE_MS, finished_ms=clock(), history_limit=50,
+    )
+    assert "redactions" not in body
+    assert store.manifests.create("old", inc, 2, body, "old-nonce")
+    app.add("late", "late secret-CANARY")
+    res = c.compact_session("old")
+    assert res.generation == 3 and res.bases_kept == 0 and res.redactions_purged == 1
+    third = latest(store, "old")
+    assert third.raw["redactions"] == [["late", "r-late", "pii"]]
+    named = b"".join(store.objects.get(str(b["key"])).data for b in third.bases)
+    assert b"CANARY" not in named
+    assert [e["id"] for e in view(store, "old")[2]] == app.ids[:80] + ["r-late", "late"]
