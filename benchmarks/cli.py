@@ -113,6 +113,10 @@ def expected_figures(params: dict[str, Any], compaction: bool) -> list[str]:
             names += [f"{pre}.{k}" for k in ("store_ms", "store_load_ms", "store_context_ms", "floor_ms", "ratio")]
         if compaction:
             names += [f"compaction.{n}.{k}" for k in ("store_ms", "floor_ms", "ratio", "segments_per_s", "mb_per_s")]
+    if compaction:
+        from benchmarks.scenarios.compaction import amplification_figures
+
+        names += amplification_figures(params)
     curve = sorted(set(params["resume_sizes"]) | set(params["curve_small_sizes"]))
     for n in curve:
         names += [f"curve.{n}.{k}" for k in ("store_append_ms", "naive_append_ms", "floor_ms", "naive_resume_ms")]

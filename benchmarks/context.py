@@ -31,6 +31,13 @@ class Params:
     resume_segment: dict[int, int] = field(default_factory=lambda: {1_000: 10, 10_000: 10, 100_000: 100})
     resume_reps: dict[int, int] = field(default_factory=lambda: {1_000: 7, 10_000: 3, 100_000: 2})
     compacted_reps: dict[int, int] = field(default_factory=lambda: {1_000: 15, 10_000: 11, 100_000: 3})
+    #: Write amplification: sessions of this many entries, appended one entry per segment and
+    #: compacted every ``amplification_every`` segments; the largest is also measured with
+    #: every compaction rewriting the whole session (what compaction did before runs were
+    #: kept) when it is at most ``amplification_full_rewrite_max`` entries.
+    amplification_sizes: tuple[int, ...] = (10_000,)
+    amplification_every: int = 64
+    amplification_full_rewrite_max: int = 10_000
     #: Uncompacted tails a resume reads (segments of 10 entries), and repetitions.
     tail_segments: tuple[int, ...] = (8, 64)
     tail_reps: int = 15
@@ -72,6 +79,7 @@ class Params:
             phase_s=0.6,
             phases=1,
             resume_sizes=(60, 200),
+            amplification_sizes=(640,),
             resume_segment={60: 10, 200: 10},
             resume_reps={60: 2, 200: 2},
             compacted_reps={60: 2, 200: 2},
@@ -102,6 +110,7 @@ class Params:
             append_rounds=300,
             phases=3,
             resume_sizes=(1_000, 10_000, 100_000),
+            amplification_sizes=(10_000, 100_000),
             listing_sessions=100_000,
             listing_all_reps=2,
         )

@@ -5,17 +5,24 @@ them may die at any point):
 
 1. Read the header (incarnation) and the latest manifest g; list the segments after it
    (contiguous from ``through_seq + 1``, at most ``max_segments``).
-2. Pass 1: GET g's bases and those segments one at a time, verify them (a corrupt object
-   fails the compaction with ``CorruptObjectError``), learn every redaction, count entries
-   per segment, and spool the bytes to a local temporary file. Memory holds one object.
-3. Pass 2: replay the spool in commit order, replacing redacted targets by their tombstones,
+2. Choose which of g's bases to rewrite (``compactor/tiers.py``): g's bases form runs, and
+   the newest runs are merged geometrically; the older ones are kept as they are, named
+   again by g+1. Bytes rewritten per byte appended grow as log N, not N.
+3. Pass 1: GET the bases to rewrite and those segments one at a time, verify them (a corrupt
+   object fails the compaction with ``CorruptObjectError``), learn every redaction (those of
+   the kept bases come from g's ``redactions``), count entries per segment, and spool the
+   bytes to a local temporary file. Memory holds one object. A new redaction whose target
+   is not in the spool may name an entry of a kept base: the kept bases are searched for it
+   (GETs only) and pass 1 starts again from the oldest run holding one.
+4. Pass 2: replay the spool in commit order, replacing redacted targets by their tombstones,
    and cut the output into base objects of at most ``max_base_bytes``, each created with
    If-None-Match under a key no one else uses (``<gen>-<started ms>-<token>-<part>``).
-4. Create ``manifest/<g+1>`` with If-None-Match. That one request is the only arbiter: the
+5. Create ``manifest/<g+1>`` naming the kept bases and then the new ones, with
+   If-None-Match. That one request is the only arbiter: the
    worker whose create wins has compacted; a loser deletes its own bases and reports ``lost``.
    A worker that dies before this step leaves bases no manifest names: GC removes them as
    orphans after the grace period.
-5. Tell Redis how many segments and bytes the manifest merged (the compaction trigger's
+6. Tell Redis how many segments and bytes the manifest merged (the compaction trigger's
    counters). Best effort: Redis is a cache, and a rebuild recounts from the manifest.
 
 Nothing is deleted here (except a loser's own, never-referenced bases): the previous manifest,
@@ -41,6 +48,7 @@ from compactor.gc import GarbageCollector
 from compactor.schedule import schedule_gc
 from compactor.records import BaseRef, CompactionRecord, CompactionResult, GcResult
 from compactor.redaction import RedactionIndex
+from compactor.tiers import Run, plan_cut, run_entries, runs_of
 from store.core import SessionStore
 from store.entries import encode_json
 from store.errors import (
@@ -86,10 +94,14 @@ class _Scan:
     sources: tuple[_Source, ...]
     redactions: RedactionIndex
     seq_counts: tuple[int, ...]
+    #: Entries read (and so written): the rewritten bases and the segments.
     entries: int
     last_entry_id: str
     bytes_in: int
     segment_bytes: int
+    #: The previous manifest's bases named again as they are, and the entries they hold.
+    kept: tuple[dict[str, Any], ...] = ()
+    kept_entries: int = 0
 
 
 class Compactor:
@@ -165,12 +177,24 @@ class Compactor:
         started_ms = self.now()
         previous = store.manifests.latest(sid, inc)
         first = previous.through_seq + 1 if previous else 1
-        segments, more = self._segments_from(sid, inc, first)
+        segments, more, incoming = self._segments_from(sid, inc, first)
         if not segments:
             return CompactionResult(sid, "nothing", generation=previous.generation if previous else 0)
         gen = (previous.generation if previous else 0) + 1
+        known = self._known_redactions(sid, inc, previous)
+        runs = runs_of(previous.bases) if previous else []
+        cut = plan_cut(runs, incoming, self.options.merge_ratio, knows_redactions=known is not None)
         with tempfile.TemporaryFile(prefix="sessionstore-compact-") as spool:
-            scan = self._scan(sid, inc, previous, segments, spool, header.schema)
+            scan = self._scan(sid, inc, previous, runs, cut, known, segments, spool, header.schema)
+            unmet = self._unmet_targets(scan, known, spool) if cut > 0 else set()
+            oldest = self._oldest_run_holding(runs[:cut], unmet, scan.redactions) if unmet else None
+            if oldest is not None:
+                # A new redaction names an entry of a kept run: rewrite from that run on.
+                self.fault("compact.redaction_in_kept_run", session_id=sid, generation=gen, run=oldest)
+                cut = oldest
+                spool.seek(0)
+                spool.truncate()
+                scan = self._scan(sid, inc, previous, runs, cut, known, segments, spool, header.schema)
             self.fault("compact.after_scan", session_id=sid, generation=gen)
             token = uuid.uuid4().hex
             writer = _BaseWriter(self, sid, inc, Layout.base_stem(gen, started_ms, token))
@@ -219,6 +243,7 @@ class Compactor:
             redactions_purged=purged,
             base_keys=tuple(b.key for b in bases),
             more_pending=more,
+            bases_kept=len(scan.kept),
         )
         log.info(
             "compacted",
@@ -234,8 +259,9 @@ class Compactor:
         )
         return result
 
-    def _segments_from(self, sid: str, inc: str, first: int) -> tuple[list[tuple[int, str]], bool]:
-        """Segments first, first+1, ... up to the first gap; (at most max_segments, more?)."""
+    def _segments_from(self, sid: str, inc: str, first: int) -> tuple[list[tuple[int, str]], bool, int]:
+        """Segments first, first+1, ... up to the first gap; (at most max_segments, more?,
+        their bytes as listed)."""
         layout = self.store.layout
         prefix = layout.segment_prefix(sid, inc)
         start_after = layout.segment(sid, inc, first - 1) if first > 1 else None
@@ -244,15 +270,17 @@ class Compactor:
             lambda: list(itertools.islice(self.store.objects.list(prefix, start_after), limit + 1))
         )
         numbers: list[int] = []
+        sizes: dict[int, int] = {}
         for info in infos:
             parsed = layout.parse(info.key)
             if parsed is None or parsed.kind != "segment" or parsed.number is None:
                 break  # not a segment name: treat like a gap, never merge past it
             numbers.append(parsed.number)
+            sizes[parsed.number] = info.size
         seqs = contiguous(numbers, first)
         out = [(seq, layout.segment(sid, inc, seq)) for seq in seqs]
         more = len(out) > limit
-        return out[:limit], more
+        return out[:limit], more, sum(sizes[seq] for seq, _ in out[:limit])
 
     def _get(self, key: str) -> Any:
         try:
@@ -260,16 +288,66 @@ class Compactor:
         except ObjectNotFoundError:
             raise _SourceGone(key) from None
 
+    def _known_redactions(self, sid: str, inc: str, previous: Manifest | None) -> RedactionIndex | None:
+        """The redactions the previous manifest's bases hold; None if it does not say."""
+        if previous is None:
+            return RedactionIndex()
+        if "redactions" not in previous.raw:
+            return None
+        try:
+            return RedactionIndex.from_json(previous.raw["redactions"])
+        except ValueError as exc:
+            key = self.store.layout.manifest(sid, inc, previous.generation)
+            raise CorruptObjectError(key, 0, str(exc)) from None
+
+    def _unmet_targets(self, scan: _Scan, known: RedactionIndex | None, spool: IO[bytes]) -> set[str]:
+        """Targets of redactions new in this compaction that no spooled entry holds."""
+        wanted = {t for t, _, _ in scan.redactions.to_json() if known is None or t not in known}
+        if not wanted:
+            return wanted
+        for source in scan.sources:
+            spool.seek(source.offset)
+            for entry in decode_object(source.key, spool.read(source.length), source.checksum, source.schema):
+                if entry.get("id") in wanted and scan.redactions.targets(entry):
+                    wanted.discard(entry["id"])
+        return wanted
+
+    def _oldest_run_holding(
+        self, runs: list[Run], targets: set[str], redactions: RedactionIndex
+    ) -> int | None:
+        """The index of the oldest kept run holding an entry in ``targets`` (newest first,
+        one base in memory at a time, stopping once every target is found), or None."""
+        remaining = set(targets)
+        oldest = None
+        for i in range(len(runs) - 1, -1, -1):
+            for base in runs[i]:
+                key = str(base["key"])
+                data = self._get(key).data
+                schema = int(base.get("schema", CURRENT_SCHEMA))
+                for entry in decode_object(key, data, base.get(SHA256), schema):
+                    if entry.get("id") in remaining and redactions.targets(entry):
+                        remaining.discard(entry["id"])
+                        oldest = i
+            if not remaining:
+                break
+        return oldest
+
     def _scan(
         self,
         sid: str,
         inc: str,
         previous: Manifest | None,
+        runs: list[Run],
+        cut: int,
+        known: RedactionIndex | None,
         segments: list[tuple[int, str]],
         spool: IO[bytes],
         header_schema: int = CURRENT_SCHEMA,
     ) -> _Scan:
-        redactions = RedactionIndex()
+        redactions = known.copy() if known is not None else RedactionIndex()
+        kept = tuple(b for run in runs[:cut] for b in run)
+        kept_entries = sum(run_entries(run) for run in runs[:cut])
+        rewritten = [b for run in runs[cut:] for b in run]
         sources: list[_Source] = []
         seq_counts = list(previous.seq_counts) if previous else []
         offset = 0
@@ -292,14 +370,12 @@ class Compactor:
             bytes_in += len(data)
             return len(decoded)
 
-        specs: list[tuple[str, str | None, int]] = [
-            (str(b["key"]), b.get(SHA256), 0) for b in (previous.bases if previous else ())
-        ]
-        base_schemas = [int(b.get("schema", CURRENT_SCHEMA)) for b in (previous.bases if previous else ())]
+        specs: list[tuple[str, str | None, int]] = [(str(b["key"]), b.get(SHA256), 0) for b in rewritten]
+        base_schemas = [int(b.get("schema", CURRENT_SCHEMA)) for b in rewritten]
         specs.extend((key, None, seq) for seq, key in segments)
         # The bases must hold what the manifest counts, or seq numbers would shift.
         unchecked = previous is not None
-        base_entries = 0
+        base_entries = kept_entries
         for (key, checksum, seq), obj in self._fetch_ahead(specs):
             if seq == 0:
                 base_entries += take(key, obj.data, checksum, 0, base_schemas.pop(0))
@@ -317,7 +393,8 @@ class Compactor:
             seq_counts.append(take(key, obj.data, obj.metadata.get(SHA256), seq, written))
             segment_bytes += len(obj.data)
         return _Scan(
-            tuple(sources), redactions, tuple(seq_counts), entries, last_id, bytes_in, segment_bytes
+            tuple(sources), redactions, tuple(seq_counts), entries, last_id, bytes_in, segment_bytes,
+            kept, kept_entries,
         )
 
     def _fetch_ahead(
@@ -396,9 +473,10 @@ class Compactor:
     ) -> dict[str, Any]:
         layout = self.store.layout
         retired: list[str] = []
+        kept = {str(b["key"]) for b in scan.kept}
         if previous is not None:
             retired.append(layout.manifest(sid, inc, previous.generation))
-            retired.extend(str(b["key"]) for b in previous.bases)
+            retired.extend(str(b["key"]) for b in previous.bases if str(b["key"]) not in kept)
         retired.extend(key for _, key in segments)
         record = compaction_record(
             worker=self.worker,
@@ -412,6 +490,8 @@ class Compactor:
             segment_bytes=scan.segment_bytes,
             bytes_out=sum(b.bytes for b in bases),
             redactions_purged=purged,
+            bases_kept=len(scan.kept),
+            bytes_kept=sum(int(b.get("bytes") or 0) for b in scan.kept),
         )
         return build_manifest(
             session_id=sid,
@@ -420,14 +500,15 @@ class Compactor:
             previous=previous,
             through_seq=merged[1],
             seq_counts=scan.seq_counts,
-            bases=[b.to_json() for b in bases],
-            entry_count=scan.entries,
-            last_entry_id=scan.last_entry_id,
+            bases=[dict(b) for b in scan.kept] + [b.to_json() for b in bases],
+            entry_count=scan.kept_entries + scan.entries,
+            last_entry_id=scan.last_entry_id or str((previous.raw if previous else {}).get("last_entry_id", "")),
             compaction=record,
             retired=retired,
             grace_ms=self.options.grace_ms,
             finished_ms=finished_ms,
             history_limit=self.options.history_limit,
+            redactions=scan.redactions.to_json(),
         )
 
 
@@ -437,8 +518,9 @@ def migrate_session(store: SessionStore, session_id: str, **compactor_options: A
     Readers already see every session at the current schema: each segment and base is lifted
     through the migration list as it is read. This makes it permanent, without overwriting
     any object: one compaction, which lifts everything it merges and writes its base at the
-    current schema (and, like every compaction, leaves the old objects to GC after the grace
-    period). ``outcome`` is "nothing" when no segment follows the newest manifest: a
+    current schema (a base at an older schema is always among those it rewrites,
+    ``compactor/tiers.py``; and, like every compaction, it leaves the old objects to GC after
+    the grace period). ``outcome`` is "nothing" when no segment follows the newest manifest: a
     manifest's bases are rewritten by the next compaction that has a segment to merge.
     """
     return Compactor(store, CompactorOptions(**compactor_options)).compact_session(

@@ -49,6 +49,10 @@ class CompactorOptions:
     grace_ms: int = DEFAULT_GRACE_MS
     #: A base object is cut after this many bytes (a compaction holds at most one in memory).
     max_base_bytes: int = 64 * 1024 * 1024
+    #: Runs of bases are merged geometrically (``compactor/tiers.py``): a compaction rewrites
+    #: a run of older bases only while it is smaller than this many times what it rewrites
+    #: anyway. Larger: fewer bases per session, more bytes rewritten per byte appended.
+    merge_ratio: float = 2.0
     #: Segments merged by one compaction at most; a job runs several compactions if needed.
     max_segments: int = 10_000
     #: Objects fetched ahead while scanning (memory holds at most this many at once).
@@ -66,6 +70,8 @@ class CompactorOptions:
             raise ValueError("grace_ms must be >= 0")
         if self.max_base_bytes <= 0 or self.max_segments <= 0 or self.read_ahead <= 0:
             raise ValueError("max_base_bytes, max_segments and read_ahead must be positive")
+        if not self.merge_ratio > 1:
+            raise ValueError("merge_ratio must be > 1")
         if not self.worker:
             object.__setattr__(self, "worker", new_worker_id())
 

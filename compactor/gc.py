@@ -10,7 +10,9 @@ object                    deletable when ``now >=``
 segment s <= L.through    ``delete_after`` of the oldest existing manifest with
                           ``through_seq >= s`` (the one that merged it)
 manifest m < L            ``delete_after`` of the next existing manifest after m
-base named by m < L       the same as m
+base named by m < L       the latest of that over every manifest naming it (consecutive
+                          manifests share bases, compactor/tiers.py: a base that m kept
+                          from m-1 is not retired with m-1); never while L names it
 base named by no          the start time in its key + grace, and its generation (also in
 manifest                  its key) at most the newest manifest's: an orphan whose manifest
                           lost the race, or whose worker died. A grace-old orphan of the

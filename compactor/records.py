@@ -66,6 +66,8 @@ class CompactionResult:
     base_keys: tuple[str, ...] = ()
     #: More segments followed than one compaction may merge (``max_segments``).
     more_pending: bool = False
+    #: Bases of the previous manifest named again as they are (``compactor/tiers.py``).
+    bases_kept: int = 0
 
 
 @dataclass(frozen=True, slots=True)

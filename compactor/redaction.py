@@ -9,8 +9,12 @@ bucket once the retired objects are deleted.
 
 A redaction may be committed long after its target (the target already sits in a base), or,
 since ``targetId`` is not checked at append time, before it. A compaction therefore learns
-every redaction of the session first (pass 1 over the previous bases and the new segments)
-and only then writes (pass 2).
+every redaction of the session first and only then writes (pass 2). It does not read the
+bases it keeps (``compactor/tiers.py``): each manifest records the index of every redaction
+its bases hold (``redactions``), and pass 1 adds those of what it reads. A redaction new in
+this compaction whose target is not in what it rewrites may name an entry in a kept base:
+the compactor then looks for the target in the kept bases and rewrites from the oldest
+base that holds one (``Compactor._compact_once``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,30 @@ class RedactionIndex:
 
     def __len__(self) -> int:
         return len(self._first)
+
+    def __contains__(self, target: object) -> bool:
+        return target in self._first
+
+    def to_json(self) -> list[list[str]]:
+        """``[[targetId, redaction id, reason], ...]`` in commit order (a manifest field)."""
+        return [[t, str(r["id"]), str(r["reason"])] for t, r in self._first.items()]
+
+    @classmethod
+    def from_json(cls, raw: object) -> "RedactionIndex":
+        """ValueError if ``raw`` is not what :meth:`to_json` writes."""
+        if not isinstance(raw, list):
+            raise ValueError("redactions: not a list")
+        index = cls()
+        for item in raw:
+            if not (isinstance(item, list) and len(item) == 3 and all(isinstance(x, str) for x in item)):
+                raise ValueError(f"redactions: bad item {item!r:.80}")
+            index._first.setdefault(item[0], {"id": item[1], "reason": item[2]})
+        return index
+
+    def copy(self) -> "RedactionIndex":
+        index = RedactionIndex()
+        index._first.update(self._first)
+        return index
 
     def observe(self, entry: dict[str, Any]) -> None:
         if entry.get("type") != REDACTION_TYPE:

@@ -14,7 +14,8 @@ operators and ``compaction history``. Field by field:
 ``seq_counts``             entries of each segment 1..through_seq, so ids keep their segment
                            number (an idempotent re-send answers with the original seq)
 ``bases``                  ``[{"key", "sha256", "entries", "bytes"[, "schema"]}]`` in commit
-                           order
+                           order; a base may be named by several consecutive manifests
+                           (``compactor/tiers.py`` keeps older runs of bases as they are)
 ``entry_count``            sum of ``seq_counts`` = entries in the bases
 ``last_entry_id``          id of the last entry in the bases ("" if none)
 ``compaction``             this compaction: ``segments_merged`` [first, last], ``segment_count``,
@@ -23,8 +24,13 @@ operators and ``compaction history``. Field by field:
                            ``segment_bytes``, ``bytes_out``, ``redactions_purged``, ``worker``,
                            ``started_at``/``finished_at`` (ISO-8601 UTC) and their ``_ms``;
                            ``kind: "fence"`` for a fence manifest (see ``fence_manifest``)
+``redactions``             ``[[targetId, redaction id, reason], ...]``: every redaction the
+                           bases hold, earliest per target, in commit order, so that the next
+                           compaction applies them without reading the bases it keeps
+                           (absent from manifests written before bases were kept: the next
+                           compaction rewrites every base)
 ``retired``                keys this manifest makes unreachable: the previous manifest, the
-                           previous bases, the merged segments
+                           previous bases it does not keep, the merged segments
 ``grace_ms``               the grace period of the compactor that wrote it
 ``delete_after_ms``        ``finished_at_ms + grace_ms``: nothing retired goes before this
 ``history``                the ``compaction`` records of earlier generations (newest first,
@@ -152,9 +158,10 @@ def build_manifest(
     grace_ms: int,
     finished_ms: int,
     history_limit: int,
+    redactions: list[list[str]] | None = None,
 ) -> dict[str, Any]:
     """The body of manifest ``generation`` (see the module docstring)."""
-    return {
+    body: dict[str, Any] = {
         "schema": MANIFEST_SCHEMA,
         "session_id": session_id,
         "incarnation": incarnation,
@@ -171,6 +178,9 @@ def build_manifest(
         "delete_after_ms": finished_ms + grace_ms,
         "history": previous.history(history_limit) if previous else [],
     }
+    if redactions is not None:
+        body["redactions"] = redactions
+    return body
 
 
 def fence_manifest(
@@ -206,6 +216,7 @@ def fence_manifest(
         grace_ms=grace_ms,
         finished_ms=now_ms,
         history_limit=history_limit,
+        redactions=(newest.raw.get("redactions") if newest else []),
     )
 
 

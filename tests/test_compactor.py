@@ -166,11 +166,11 @@ def test_compaction_merges_segments_and_readers_see_the_same_session(store: Sess
     assert (res2.outcome, res2.generation, res2.segments_merged) == ("compacted", 2, (14, 14))
     raw2 = orjson.loads(store.objects.get(store.layout.manifest("m1", inc, 2)).data)
     assert raw2["previous_generation"] == 1 and raw2["seq_counts"] == [3] * 12 + [1, 1]
-    assert raw2["retired"] == [
-        store.layout.manifest("m1", inc, 1),
-        raw["bases"][0]["key"],
-        store.layout.segment("m1", inc, 14),
-    ]
+    # The first base is far larger than the new segment: kept as it is, named again.
+    assert raw2["retired"] == [store.layout.manifest("m1", inc, 1), store.layout.segment("m1", inc, 14)]
+    assert raw2["bases"][0] == raw["bases"][0] and [b["entries"] for b in raw2["bases"]] == [37, 1]
+    assert raw2["compaction"]["bases_kept"] == 1 and res2.bases_kept == 1 and res2.entries == 1
+    assert raw2["entry_count"] == 38 and raw2["redactions"] == [["e2-1", "r1", "pii"]]
     ids2, seqs2, entries2 = view(store, "m1")
     assert (ids2, seqs2) == (ids + ["after"], seqs + [14]) and entries2[:-1] == expected
     history = c.history("m1")

@@ -46,8 +46,9 @@ def cmd_compact(args: argparse.Namespace, ctx: Ctx) -> int:
                         tomb = (f", {res.redactions_purged} redacted entries written as tombstones; the old objects "
                                 f"holding them go at gc after {iso_of_ms(now_ms() + grace_ms)}"
                                 + ("" if args.purge_now else " (or now with --purge-now)"))
+                    kept = f", {res.bases_kept} bases kept as they are" if res.bases_kept else ""
                     out(f"{sid}: segments {first}-{last} -> manifest {res.generation} "
-                        f"({res.entries} entries, {human_bytes(res.bytes_in)} -> {human_bytes(res.bytes_out)}{tomb})")
+                        f"({res.entries} entries, {human_bytes(res.bytes_in)} -> {human_bytes(res.bytes_out)}{kept}{tomb})")
                 elif res.outcome == "nothing":
                     out(f"{sid}: nothing to compact (manifest {res.generation})")
                 else:
