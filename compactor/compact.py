@@ -13,7 +13,8 @@ them may die at any point):
    the kept bases come from g's ``redactions``), count entries per segment, and spool the
    bytes to a local temporary file. Memory holds one object. A new redaction whose target
    is not in the spool may name an entry of a kept base: the kept bases are searched for it
-   (GETs only) and pass 1 starts again from the oldest run holding one.
+   (GETs, spooled too) and the runs from the oldest one holding a target are put before the
+   rest of the spool, to be rewritten with it.
 4. Pass 2: replay the spool in commit order, replacing redacted targets by their tombstones,
    and cut the output into base objects of at most ``max_base_bytes``, each created with
    If-None-Match under a key no one else uses (``<gen>-<started ms>-<token>-<part>``).
