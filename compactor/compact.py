@@ -13,7 +13,8 @@ them may die at any point):
    the kept bases come from g's ``redactions``), count entries per segment, and spool the
    bytes to a local temporary file. Memory holds one object. A new redaction whose target
    is not in the spool may name an entry of a kept base: the kept bases are searched for it
-   (GETs only) and pass 1 starts again from the oldest run holding one.
+   (GETs, spooled too) and the runs from the oldest one holding a target are put before the
+   rest of the spool, to be rewritten with it.
 4. Pass 2: replay the spool in commit order, replacing redacted targets by their tombstones,
    and cut the output into base objects of at most ``max_base_bytes``, each created with
    If-None-Match under a key no one else uses (``<gen>-<started ms>-<token>-<part>``).
@@ -184,17 +185,16 @@ class Compactor:
         known = self._known_redactions(sid, inc, previous)
         runs = runs_of(previous.bases) if previous else []
         cut = plan_cut(runs, incoming, self.options.merge_ratio, knows_redactions=known is not None)
-        with tempfile.TemporaryFile(prefix="sessionstore-compact-") as spool:
+        with tempfile.TemporaryFile(prefix="sessionstore-compact-") as spool, \
+                tempfile.TemporaryFile(prefix="sessionstore-compact-") as searched:
             scan = self._scan(sid, inc, previous, runs, cut, known, segments, spool, header.schema)
             unmet = self._unmet_targets(scan, known, spool) if cut > 0 else set()
-            oldest = self._oldest_run_holding(runs[:cut], unmet, scan.redactions) if unmet else None
+            oldest, found = self._oldest_run_holding(runs[:cut], unmet, scan.redactions, searched) \
+                if unmet else (None, [])
             if oldest is not None:
                 # A new redaction names an entry of a kept run: rewrite from that run on.
                 self.fault("compact.redaction_in_kept_run", session_id=sid, generation=gen, run=oldest)
-                cut = oldest
-                spool.seek(0)
-                spool.truncate()
-                scan = self._scan(sid, inc, previous, runs, cut, known, segments, spool, header.schema)
+                scan, spool = self._prepend_runs(sid, inc, previous, scan, spool, searched, found, runs, oldest), searched
             self.fault("compact.after_scan", session_id=sid, generation=gen)
             token = uuid.uuid4().hex
             writer = _BaseWriter(self, sid, inc, Layout.base_stem(gen, started_ms, token))
@@ -313,24 +313,67 @@ class Compactor:
         return wanted
 
     def _oldest_run_holding(
-        self, runs: list[Run], targets: set[str], redactions: RedactionIndex
-    ) -> int | None:
+        self, runs: list[Run], targets: set[str], redactions: RedactionIndex, searched: IO[bytes]
+    ) -> tuple[int | None, list[_Source]]:
         """The index of the oldest kept run holding an entry in ``targets`` (newest first,
-        one base in memory at a time, stopping once every target is found), or None."""
+        one base in memory at a time, stopping once every target is found), or None; and
+        every base read, verified and spooled to ``searched`` (newest run first)."""
         remaining = set(targets)
         oldest = None
+        found: list[_Source] = []
+        offset = 0
         for i in range(len(runs) - 1, -1, -1):
             for base in runs[i]:
                 key = str(base["key"])
                 data = self._get(key).data
                 schema = int(base.get("schema", CURRENT_SCHEMA))
-                for entry in decode_object(key, data, base.get(SHA256), schema):
+                decoded = decode_object(key, data, base.get(SHA256), schema)
+                if len(decoded) != int(base.get("entries") or 0):
+                    raise CorruptObjectError(key, 0, f"holds {len(decoded)} entries, the manifest counts {base.get('entries')}")
+                for entry in decoded:
                     if entry.get("id") in remaining and redactions.targets(entry):
                         remaining.discard(entry["id"])
                         oldest = i
+                searched.write(data)
+                found.append(_Source(key, base.get(SHA256), 0, offset, len(data), len(decoded), schema))
+                offset += len(data)
             if not remaining:
                 break
-        return oldest
+        return oldest, found
+
+    def _prepend_runs(
+        self, sid: str, inc: str, previous: Manifest | None, scan: _Scan, spool: IO[bytes],
+        searched: IO[bytes], found: list[_Source], runs: list[Run], oldest: int,
+    ) -> _Scan:
+        """The scan with runs ``oldest..`` (read by the search) put before what it holds, in
+        commit order, all in ``searched``: their redactions are in the manifest's index
+        already, so nothing else changes."""
+        by_key = {s.key: s for s in found}  # runs oldest.. up to the kept ones, all read
+        ordered = [by_key[str(b["key"])] for run in runs[oldest:] for b in run if str(b["key"]) in by_key]
+        # ``searched`` holds them newest first: copy them in commit order after its end, then
+        # the spool, and point every source at its new place.
+        searched.seek(0, 2)
+        sources: list[_Source] = []
+        for src in ordered:
+            searched.seek(src.offset)
+            data = searched.read(src.length)
+            searched.seek(0, 2)
+            sources.append(_Source(src.key, src.checksum, 0, searched.tell(), len(data), src.entries, src.schema))
+            searched.write(data)
+        shift = searched.tell()
+        spool.seek(0)
+        while chunk := spool.read(1 << 20):
+            searched.write(chunk)
+        sources.extend(_Source(s.key, s.checksum, s.seq, s.offset + shift, s.length, s.entries, s.schema)
+                       for s in scan.sources)
+        kept = tuple(b for run in runs[:oldest] for b in run)
+        moved_entries = sum(s.entries for s in ordered)
+        moved_bytes = sum(s.length for s in ordered)
+        return _Scan(
+            tuple(sources), scan.redactions, scan.seq_counts, scan.entries + moved_entries,
+            scan.last_entry_id, scan.bytes_in + moved_bytes, scan.segment_bytes,
+            kept, scan.kept_entries - moved_entries,
+        )
 
     def _scan(
         self,
