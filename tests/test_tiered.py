@@ -127,6 +127,9 @@ def test_runs_are_the_bases_of_one_stem_and_the_cut_is_geometric() -> None:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.s3_backends(
+    "moto", reason="bytes written are counted, the same on every backend; 10k PUTs take minutes"
+)
 def test_a_10000_entry_session_appended_one_entry_at_a_time_is_written_about_log_n_times(
     make_store: Callable[..., SessionStore],
 ) -> None:
