@@ -316,6 +316,7 @@ class Coordinator:
         summary: SummaryDelta | None = None,
         cache: bytes | None = None,
         cache_cap: int = 0,
+        state_ttl_ms: int = 0,
     ) -> CommitResult:
         """COMMIT segment from_seq+1.
 
@@ -327,7 +328,10 @@ class Coordinator:
         moved along in the same script when the summary is in step with the tail.
 
         ``cache``: the segment as the recent-segments cache keeps it (``recent_value``), taken
-        while at most ``cache_cap`` bytes are pending compaction."""
+        while at most ``cache_cap`` bytes are pending compaction.
+
+        ``state_ttl_ms``: the id index and the cache expire this long after the session's
+        last commit (0: never); the next append after that rebuilds them (scripts.COMMIT)."""
         new_seq = from_seq + 1
         args: list[Any] = [inc, from_seq, ids[-1], len(ids)]
         tag = f"{new_seq}:"
@@ -350,6 +354,7 @@ class Coordinator:
         args.extend(summary.args() if summary is not None else ("", "", ""))
         caching = cache is not None and cache_cap > 0
         args.extend((cache, cache_cap) if caching else ("", 0))
+        args.append(max(0, int(state_ttl_ms)))
         res = self._call(lambda: self._commit(keys=keys, args=args))
         code = _s(res[0])
         if code == "INCARNATION":
@@ -477,14 +482,17 @@ class Coordinator:
         read_at_ms: int = 0,
         max_age_ms: int = 0,
         mgen: int = 0,
+        state_ttl_ms: int = 0,
     ) -> str:
         """Install state rebuilt from the object store (``ids``: (id, seq, hash)).
 
         ``read_at_ms``: the client's clock before the rebuild's first read; a rebuild older
         than ``max_age_ms`` by Redis's clock is refused with "STALE" (see scripts.INSTALL), a
-        rebuild of a deleted incarnation with "DELETED". Otherwise "INSTALLED" or "KEPT"."""
+        rebuild of a deleted incarnation with "DELETED". Otherwise "INSTALLED" or "KEPT".
+        ``state_ttl_ms``: the installed id index expires this long after unless a commit
+        renews it (0: never; see ``commit``)."""
         items = list(ids)
-        fence = (cseq, read_at_ms, max_age_ms, mgen)
+        fence = (cseq, read_at_ms, max_age_ms, mgen, max(0, int(state_ttl_ms)))
         pending = (pending_segments, pending_bytes)
         for _ in range(3):
             code = self._install_once(
@@ -504,7 +512,7 @@ class Coordinator:
         count: int,
         ids: list[tuple[str, int, str]],
         pending: tuple[int, int],
-        fence: tuple[int, int, int, int] = (0, 0, 0, 0),
+        fence: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0),
     ) -> str:
         scratch = self.keys.ids_building(sid, uuid.uuid4().hex)
         nids = 0

@@ -266,6 +266,12 @@ COMMIT = _PRELUDE + _QUEUE + """
 --   retired it, so the value is the slot's one and only content (docs/design.md).
 -- KEYS[6..8] the claim, the queue of waiting writers and their leases: with OK, the claim
 --   on the next slot is handed to the first waiter (see _QUEUE).
+-- ARGV[14+2n] (optional) how long (ms) the id index and the recent-segments cache live
+--   after this commit ("0" or absent: for good). Only an idle session's state expires: each
+--   commit renews it. An index that expired reads as lost keys (HLEN ~= nids: HYDRATE), so
+--   the next append rebuilds it from the object store, which holds every entry: Redis
+--   holds the index of active sessions only, and a re-send of any batch is still
+--   recognised (docs/design.md, "Redis state").
 -- (KEYS[4..8] and their arguments are optional, in that order.)
 -- Slot from+1 is *taken* when Redis's tail is past it, or when a manifest retired it
 -- (from+1 <= cseq). The caller's PUT of from+1 succeeded, so if the slot is taken, either the
@@ -307,6 +313,11 @@ redis.call('PUBLISH', ARGV[5 + 2 * n], ARGV[6 + 2 * n])
 if KEYS[5] and ARGV[12 + 2 * n] and ARGV[12 + 2 * n] ~= ''
    and pbytes <= tonumber(ARGV[13 + 2 * n] or '0') then
   redis.call('HSET', KEYS[5], from + 1, ARGV[12 + 2 * n])
+end
+local ttl = tonumber(ARGV[14 + 2 * n] or '0') or 0
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  if KEYS[5] then redis.call('PEXPIRE', KEYS[5], ttl) end
 end
 local queued = 0
 if KEYS[3] then queued = redis.call('EXISTS', KEYS[3]) end
@@ -351,7 +362,9 @@ INSTALL = """
 --   ARGV[6] pseg, ARGV[7] pbytes (segments and bytes after the latest manifest),
 --   ARGV[8] cseq (through_seq of the manifest the rebuild read), ARGV[9] when the rebuild
 --   started reading (client clock, ms), ARGV[10] the oldest rebuild accepted (ms; 0 = any),
---   ARGV[11] (optional) the generation of the manifest the rebuild read (mgen)
+--   ARGV[11] (optional) the generation of the manifest the rebuild read (mgen),
+--   ARGV[12] (optional) how long (ms) the installed id index lives unless a commit renews
+--   it ("0" or absent: for good; see COMMIT)
 -- A rebuild is a snapshot of the object store taken at ARGV[9]. One that reaches Redis too
 -- late (its process paused between reading and installing) may describe a session that
 -- compaction or a delete has since moved on from: it is refused (STALE) and done again.
@@ -391,7 +404,9 @@ if redis.call('HLEN', KEYS[3]) ~= tonumber(ARGV[5]) then
   return {'LOST'}
 end
 if tonumber(ARGV[5]) > 0 then
-  redis.call('RENAME', KEYS[3], KEYS[2])
+  redis.call('RENAME', KEYS[3], KEYS[2])  -- keeps the scratch hash's expiry: set it anew
+  local ttl = tonumber(ARGV[12] or '0') or 0
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) else redis.call('PERSIST', KEYS[2]) end
 else
   redis.call('DEL', KEYS[2], KEYS[3])
 end

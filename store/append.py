@@ -222,6 +222,7 @@ class Appender:
                     size=len(batch.body), own=True,
                     summary=batch_delta(header.kind, batch.entries),  # the listing's summary
                     cache=self._recent(header, batch), cache_cap=ctx.options.recent_cache_bytes,
+                    state_ttl_ms=ctx.options.idle_state_ttl_ms,
                 )
             except BackendError as exc:
                 log.warning("segment %d of %s: Redis unavailable at commit (%s); asking the "

@@ -167,6 +167,12 @@ class StoreOptions:
     #: tail in one round trip instead of one GET a segment. A cache: the object store holds
     #: every segment, and a reader uses a cached one only if its sha256 matches. 0 disables.
     recent_cache_bytes: int = 1 << 20
+    #: A session's id index and recent-segments cache in Redis expire this long (ms) after
+    #: its last append (0: never), so that Redis holds them for active sessions only; the
+    #: next append after that rebuilds them from the object store (one read of the
+    #: session), and a re-send of any earlier batch is still recognised. The tail and the
+    #: listing's summary stay (a few hundred bytes a session, whatever its length).
+    idle_state_ttl_ms: int = 3_600_000
     #: Skip the start-up check that the backend refuses a second create (unsafe).
     allow_unsafe_backend: bool = False
     redis_socket_timeout: float = 2.0

@@ -47,6 +47,7 @@ class TailKeeper:
         res = self.ctx.coord.commit(
             sid, header.incarnation, n, ids, hashes, size=len(obj.data),
             summary=batch_delta(header.kind, entries),
+            state_ttl_ms=self.ctx.options.idle_state_ttl_ms,
         )
         if res.code in ("HYDRATE", "BEHIND", "INCARNATION", "ZOMBIE"):
             self.repair(sid, header, "INCARNATION" if res.code == "INCARNATION" else "HYDRATE")
@@ -143,6 +144,7 @@ class TailKeeper:
             mgen=data.manifest.generation if data.manifest else 0,
             read_at_ms=read_at,
             max_age_ms=max_age,
+            state_ttl_ms=self.ctx.options.idle_state_ttl_ms,
         )
         return code, data
 

@@ -38,6 +38,8 @@ def snapshot(store: SessionStore) -> tuple[dict[str, bytes], dict[bytes, Any]]:
     client = store.coord.client
     values: dict[bytes, Any] = {}
     for key in client.scan_iter(match=f"{store.coord.keys.prefix}:*"):
+        if key.endswith(b":claim"):
+            continue  # the last writer's advisory claim lapses by itself after its lease
         kind = client.type(key)
         if kind == b"hash":
             values[key] = client.hgetall(key)
