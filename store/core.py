@@ -322,8 +322,9 @@ class SessionStore:
         filters: SessionFilter | None = None,
         **filter_args: Any,
     ) -> SessionPage:
-        """One page of sessions, in the object store's order of session ids, after ``cursor``
-        (a page's ``next_cursor``; None for the first page). ``limit``: 1..1000 sessions
+        """One page of sessions, in the object store's order of session directories (the
+        layout's: shard, then id), after ``cursor`` (a page's ``next_cursor``; None for
+        the first page). ``limit``: 1..1000 sessions
         listed (default 100). Each row is what a session picker shows (``SessionInfo``),
         read from Redis's per-session summaries, without reading any session's entries:
         one LIST and one Redis round trip a page (``store/listing.py``).

@@ -75,9 +75,9 @@ def shard_of(session_id: str) -> str:
 
 
 def check_layout(version: object) -> int:
-    if isinstance(version, bool) or version not in LAYOUTS:
+    if isinstance(version, bool) or not isinstance(version, int) or version not in LAYOUTS:
         raise InvalidInputError(f"layout must be one of {LAYOUTS}, not {version!r}")
-    return int(version)  # type: ignore[call-overload]
+    return version
 
 
 def record_key(prefix: str) -> str:
