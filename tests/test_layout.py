@@ -219,7 +219,9 @@ def test_listing_walks_the_shards_in_order_exactly_once_one_list_a_page(store: S
             break
         cursor = page.next_cursor
     assert len(seen) == total == len(set(seen))
-    assert store.objects.requests["list"] == pages and store.objects.requests["get"] == 0
+    # No GET but for the deleted sessions' directories SeaweedFS still lists for a while
+    # (emptied just now): the listing reads their header to learn they are gone.
+    assert store.objects.requests["list"] == pages and store.objects.requests["get"] <= len(doomed)
     assert pages in (-(-total // 7), -(-total // 7) + 1)  # the last may be empty
 
 
