@@ -58,6 +58,7 @@ from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
 from compactor.records import GcResult
 from compactor.schedule import schedule_gc
 from store.errors import BackendError, IndeterminateError, SessionNotFoundError, SessionStoreError
+from store.listing import all_session_ids
 from store.manifest import Manifest, fence_manifest
 
 if TYPE_CHECKING:
@@ -106,9 +107,7 @@ class GarbageCollector:
     def collect(self) -> GcResult:
         store = self.store
         total = GcResult()
-        sids = store.options.retry.call(
-            lambda: list(store.objects.list_dirs(store.layout.sessions_prefix))
-        )
+        sids = store.options.retry.call(lambda: all_session_ids(store.objects, store.layout))
         for sid in sids:
             try:
                 total = total + self.collect_session(sid)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from compactor.records import GcResult
 from coordination.keys import GC_BUCKETS
 from store.errors import BackendError, SessionStoreError
+from store.listing import session_page
 
 if TYPE_CHECKING:
     from compactor.compact import Compactor
@@ -122,9 +123,9 @@ class GcScheduler:
         pace = 1.0 / opts.sweep_rate if opts.sweep_rate > 0 else 0.0
         next_at = time.monotonic()
         while True:
-            page, more = retry.call(
-                lambda: objects.list_dirs_page(layout.sessions_prefix, cursor or None, _SWEEP_PAGE)
-            )
+            # In the layout's order: shard after shard in the spread layout (one LIST a page
+            # all the same, ``store.listing.session_page``); the cursor is a session id.
+            page, more = retry.call(lambda: session_page(objects, layout, cursor or None, _SWEEP_PAGE))
             for sid in page:
                 if stop is not None and stop.is_set():
                     return total

@@ -38,7 +38,8 @@ from store.errors import (
 from store.follow import Follower
 from store.handles import SessionHandle
 from store.headers import HeaderStore, new_header, uuid7
-from store.layout import Layout, check_session_id
+from store.layout import Layout, check_layout, check_session_id
+from store.layout_record import decide_layout
 from store.listing import (
     NO_FILTER,
     Lister,
@@ -91,10 +92,17 @@ class SessionStore:
     ) -> None:
         self.objects = objects
         self.coord = coordinator
-        self.layout = Layout(prefix)
         self.options = options or StoreOptions()
         self._owns = owns_backends
         retry = self.options.retry
+        forced = self.options.layout
+        # Every key of this process goes through this one object; its version is the
+        # store's layout record's (``store/layout_record.py``), read once below, or forced.
+        self.layout = Layout(
+            prefix,
+            None if forced is None else check_layout(forced),
+            decide=lambda: decide_layout(objects, self.layout.prefix, retry),
+        )
         self.headers = HeaderStore(objects, self.layout, retry)
         self.manifests = ManifestStore(objects, self.layout, retry)
         self._pool = ThreadPoolExecutor(
@@ -111,12 +119,13 @@ class SessionStore:
         self._probed = self.options.allow_unsafe_backend
         try:
             self._ensure_probed()
+            self.layout.version  # decided now (one GET), not on a first request's path
         except BackendUnavailableError as exc:
             # A passing outage must not make a process that starts during it unable to start:
             # reads need no probe, and the first write runs it again (and fails if the
             # backend is still away, exactly as the write itself would).
             log.warning("object store unreachable at start (%s): its conditional-write check "
-                        "runs before the first write", exc)
+                        "runs before the first write, the layout is read at the first use", exc)
 
     def _ensure_probed(self) -> None:
         """Refuse a backend that accepts a second If-None-Match create (probed once per store
@@ -313,8 +322,9 @@ class SessionStore:
         filters: SessionFilter | None = None,
         **filter_args: Any,
     ) -> SessionPage:
-        """One page of sessions, in the object store's order of session ids, after ``cursor``
-        (a page's ``next_cursor``; None for the first page). ``limit``: 1..1000 sessions
+        """One page of sessions, in the object store's order of session directories (the
+        layout's: shard, then id), after ``cursor`` (a page's ``next_cursor``; None for
+        the first page). ``limit``: 1..1000 sessions
         listed (default 100). Each row is what a session picker shows (``SessionInfo``),
         read from Redis's per-session summaries, without reading any session's entries:
         one LIST and one Redis round trip a page (``store/listing.py``).

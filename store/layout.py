@@ -1,11 +1,23 @@
 """Object names. The only place that knows how keys are spelled.
 
+Two layouts; a store (bucket and prefix) uses one for ever, recorded in the store
+(``<prefix>_layout/record.json``, see :func:`record_key` and ``store/layouts.py``):
+
 ::
 
-    <prefix>sessions/<sid>/header.json                          created once (If-None-Match: *)
-    <prefix>sessions/<sid>/<inc>/seg/<seq:016d>.jsonl           the seq-th committed append batch
-    <prefix>sessions/<sid>/<inc>/manifest/<gen:016d>.json       compaction manifest
-    <prefix>sessions/<sid>/<inc>/base/<unique>.jsonl            compacted base
+    v2, "spread" (every new store):
+    <prefix>sessions/<h>=<sid>/header.json                      created once (If-None-Match: *)
+    <prefix>sessions/<h>=<sid>/<inc>/seg/<seq:016d>.jsonl       the seq-th committed append batch
+    <prefix>sessions/<h>=<sid>/<inc>/manifest/<gen:016d>.json   compaction manifest
+    <prefix>sessions/<h>=<sid>/<inc>/base/<unique>.jsonl        compacted base
+    <prefix>streams/refs/<h>=<sid>/<inc>/<fork sid>             a fork of a stream's incarnation
+
+    v1, "flat" (stores written before the layout record existed): the same without ``<h>=``.
+
+``<h>`` is :func:`shard_of` the session id: two hex digits of its blake2b, so the session
+directories of a fleet whose ids are time-ordered (UUIDv7) spread evenly over 256 ranges of
+the key space instead of crowding at its moving end (docs/design.md, "Object layout"). '='
+never occurs in a session id, so a directory name says which layout wrote it.
 
 ``inc`` is the session's incarnation: a random id minted when the header is created. A session
 that is deleted and created again under the same id gets a new incarnation and so a fresh,
@@ -16,13 +28,26 @@ docs/design.md, "Incarnations").
 
 from __future__ import annotations
 
+import hashlib
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from store.errors import InvalidSessionIdError
+from store.errors import InvalidInputError, InvalidSessionIdError
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SEQ_WIDTH = 16
+
+#: The layouts: v1 ``sessions/<sid>/``, v2 ``sessions/<h>=<sid>/``.
+LAYOUT_FLAT = 1
+LAYOUT_SPREAD = 2
+LAYOUTS = (LAYOUT_FLAT, LAYOUT_SPREAD)
+#: Hex digits of the shard: 2 = 256 shards (docs/design.md, "Object layout", why 256).
+SHARD_WIDTH = 2
+SHARDS = 16**SHARD_WIDTH
+_SHARD_SEP = "="
+_SPREAD_DIR = re.compile(rf"^([0-9a-f]{{{SHARD_WIDTH}}}){_SHARD_SEP}(.+)$")
 
 
 def check_session_id(session_id: object) -> str:
@@ -35,6 +60,33 @@ def check_session_id(session_id: object) -> str:
     if ".." in session_id:
         raise InvalidSessionIdError(session_id, "must not contain '..'")
     return session_id
+
+
+def is_session_id(name: str) -> bool:
+    return bool(SESSION_ID_RE.match(name)) and ".." not in name
+
+
+def shard_of(session_id: str) -> str:
+    """The session's shard: the first byte of blake2b of its UTF-8 id, in hex. Fixed by the
+    format (never Python's ``hash()``, which is salted per process): every process of every
+    version must put a session in the same place."""
+    digest = hashlib.blake2b(session_id.encode("utf-8"), digest_size=SHARD_WIDTH // 2 or 1).hexdigest()
+    return digest[:SHARD_WIDTH]
+
+
+def check_layout(version: object) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or version not in LAYOUTS:
+        raise InvalidInputError(f"layout must be one of {LAYOUTS}, not {version!r}")
+    return version
+
+
+def record_key(prefix: str) -> str:
+    """Where a store records its layout (created once, If-None-Match; ``store/layouts.py``)."""
+    return f"{_with_slash(prefix)}_layout/record.json"
+
+
+def _with_slash(prefix: str) -> str:
+    return prefix + "/" if prefix and not prefix.endswith("/") else prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,50 +108,98 @@ _KIND_OF = {"seg": ("segment", ".jsonl"), "manifest": ("manifest", ".json"), "ba
 
 
 class Layout:
-    def __init__(self, prefix: str = "") -> None:
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
-        self.prefix = prefix
+    """The keys of one store. Its version (``LAYOUT_FLAT`` or ``LAYOUT_SPREAD``) is given,
+    or decided by ``decide`` (``store/layouts.py``: the store's record) on the first key
+    asked for, once: every key of a process then goes through the same layout. A layout
+    with neither knows only the names outside ``sessions/`` (``probe_prefix``)."""
+
+    def __init__(
+        self, prefix: str = "", version: int | None = None, *, decide: Callable[[], int] | None = None
+    ) -> None:
+        self.prefix = _with_slash(prefix)
+        self._version = None if version is None else check_layout(version)
+        self._decide = decide
+        self._lock = threading.Lock()
+
+    @property
+    def version(self) -> int:
+        version = self._version
+        if version is None:
+            with self._lock:
+                if self._version is None:
+                    if self._decide is None:
+                        raise RuntimeError("this Layout has no version: pass one, or decide=")
+                    # A failure (the object store unreachable) leaves it undecided: the next
+                    # key asked for tries again, and fails as the request itself would.
+                    self._version = check_layout(self._decide())
+                version = self._version
+        return version
+
+    @property
+    def decided(self) -> bool:
+        return self._version is not None
 
     @property
     def sessions_prefix(self) -> str:
         return f"{self.prefix}sessions/"
 
+    # --- session directories -----------------------------------------------------------------
+
+    def dir_name(self, sid: str) -> str:
+        """The session's directory below ``sessions/`` (and ``streams/refs/``)."""
+        if self.version == LAYOUT_SPREAD:
+            return f"{shard_of(sid)}{_SHARD_SEP}{sid}"
+        return sid
+
+    def sid_of_dir(self, name: str) -> str | None:
+        """The session a directory below ``sessions/`` holds; None for a name this layout
+        never writes (the other layout's, or not the store's at all)."""
+        if self.version == LAYOUT_SPREAD:
+            m = _SPREAD_DIR.match(name)
+            if m is None or not is_session_id(m.group(2)) or shard_of(m.group(2)) != m.group(1):
+                return None
+            return m.group(2)
+        return name if is_session_id(name) else None
+
     def session_prefix(self, sid: str) -> str:
-        return f"{self.prefix}sessions/{sid}/"
+        return f"{self.prefix}sessions/{self.dir_name(sid)}/"
 
     def header(self, sid: str) -> str:
-        return f"{self.prefix}sessions/{sid}/header.json"
+        return f"{self.session_prefix(sid)}header.json"
 
     def incarnation_prefix(self, sid: str, inc: str) -> str:
-        return f"{self.prefix}sessions/{sid}/{inc}/"
+        return f"{self.session_prefix(sid)}{inc}/"
 
     def segment_prefix(self, sid: str, inc: str) -> str:
-        return f"{self.prefix}sessions/{sid}/{inc}/seg/"
+        return f"{self.session_prefix(sid)}{inc}/seg/"
 
     def segment(self, sid: str, inc: str, seq: int) -> str:
-        return f"{self.prefix}sessions/{sid}/{inc}/seg/{seq:0{SEQ_WIDTH}d}.jsonl"
+        return f"{self.session_prefix(sid)}{inc}/seg/{seq:0{SEQ_WIDTH}d}.jsonl"
 
     def manifest_prefix(self, sid: str, inc: str) -> str:
-        return f"{self.prefix}sessions/{sid}/{inc}/manifest/"
+        return f"{self.session_prefix(sid)}{inc}/manifest/"
 
     def manifest(self, sid: str, inc: str, gen: int) -> str:
-        return f"{self.prefix}sessions/{sid}/{inc}/manifest/{gen:0{SEQ_WIDTH}d}.json"
+        return f"{self.session_prefix(sid)}{inc}/manifest/{gen:0{SEQ_WIDTH}d}.json"
 
     def base(self, sid: str, inc: str, unique: str) -> str:
-        return f"{self.prefix}sessions/{sid}/{inc}/base/{unique}.jsonl"
+        return f"{self.session_prefix(sid)}{inc}/base/{unique}.jsonl"
 
     def stream_refs_prefix(self, sid: str, inc: str) -> str:
         """Where the forks of a stream's incarnation register (``store/streams.py``): one
         empty object a fork, which keeps the source's data while the fork reads it."""
-        return f"{self.prefix}streams/refs/{sid}/{inc}/"
+        return f"{self.prefix}streams/refs/{self.dir_name(sid)}/{inc}/"
 
     def stream_ref(self, sid: str, inc: str, fork_sid: str) -> str:
-        return f"{self.prefix}streams/refs/{sid}/{inc}/{fork_sid}"
+        return f"{self.stream_refs_prefix(sid, inc)}{fork_sid}"
 
     @property
     def probe_prefix(self) -> str:
         return f"{self.prefix}_probe/"
+
+    @property
+    def record(self) -> str:
+        return record_key(self.prefix)
 
     @staticmethod
     def base_stem(generation: int, started_ms: int, token: str) -> str:
@@ -114,12 +214,17 @@ class Layout:
         return int(name.split(".", 1)[0])
 
     def parse(self, key: str) -> ParsedKey | None:
-        """The session, incarnation, kind and number a key names; None outside ``sessions/``."""
+        """The session, incarnation, kind and number a key names; None outside ``sessions/``
+        and for a directory this store's layout never writes (so GC, which deletes only what
+        parses, never touches the other layout's objects)."""
         root = self.sessions_prefix
         if not key.startswith(root):
             return None
-        sid, sep, rest = key[len(root) :].partition("/")
-        if not sep or not sid:
+        name, sep, rest = key[len(root) :].partition("/")
+        if not sep or not name:
+            return None
+        sid = self.sid_of_dir(name)
+        if sid is None:
             return None
         if rest == "header.json":
             return ParsedKey(sid, None, "header")

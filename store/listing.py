@@ -41,7 +41,8 @@ from store.errors import (
     ObjectNotFoundError,
     SessionNotFoundError,
 )
-from store.layout import check_session_id
+from store.layout import Layout, check_session_id
+from store.object_store import ObjectStore
 from store.records import Header, SessionInfo
 
 if TYPE_CHECKING:
@@ -310,6 +311,48 @@ def _opt(value: str | int | None) -> str | None:
 # --- pages -----------------------------------------------------------------------------------
 
 
+def session_page(
+    objects: ObjectStore, layout: Layout, cursor: str | None, limit: int
+) -> tuple[list[str], bool]:
+    """Up to ``limit`` session ids whose directories follow ``cursor``'s (a session id, or
+    None for the first page) in the backend's listing order of directory names, and whether
+    more may follow. Normally one LIST (``list_dirs_page``).
+
+    In the spread layout the directory names are ``<shard>=<sid>``, so this one LIST walks
+    the shards in order, and inside a shard the sessions in order: a page that empties a
+    shard continues in the next ones in the same request, up to ``limit``. No per-shard
+    request, so no bound on shards a page needs: requests grow with pages only.
+
+    A directory this layout never writes (the other layout's; not the store's) is skipped
+    and logged. Should one end a page, the walk goes on past it until a page ends with a
+    session or nothing follows (a request more, only then), so that the next page's cursor,
+    the last session listed, lies at the end of what this page covered."""
+    start = layout.dir_name(cursor) if cursor is not None else None
+    sids: list[str] = []
+    while True:
+        names, more = objects.list_dirs_page(layout.sessions_prefix, start, limit - len(sids))
+        foreign = []
+        for name in names:
+            sid = layout.sid_of_dir(name)
+            if sid is None:
+                foreign.append(name)
+            else:
+                sids.append(sid)
+        if foreign:
+            log.warning("directories not of this store's layout (v%d) skipped: %s",
+                        layout.version, foreign[:5])
+        if not more or not names or not foreign or names[-1] not in foreign:
+            return sids, more and bool(sids)
+        start = names[-1]
+
+
+def all_session_ids(objects: ObjectStore, layout: Layout) -> list[str]:
+    """Every session directory of the store (all pages): tools that go through the whole
+    store (the CLI's verify, a full GC). Directories of another layout are left out."""
+    return [sid for name in objects.list_dirs(layout.sessions_prefix)
+            if (sid := layout.sid_of_dir(name)) is not None]
+
+
 class Lister:
     def __init__(self, ctx: StoreContext, tail: TailKeeper) -> None:
         self.ctx = ctx
@@ -317,9 +360,7 @@ class Lister:
 
     def page(self, cursor: str | None, limit: int, filters: SessionFilter) -> SessionPage:
         ctx = self.ctx
-        sids, more = ctx.options.retry.call(
-            lambda: ctx.objects.list_dirs_page(ctx.layout.sessions_prefix, cursor, limit)
-        )
+        sids, more = ctx.options.retry.call(lambda: session_page(ctx.objects, ctx.layout, cursor, limit))
         try:
             rows = ctx.coord.summaries(sids)
         except BackendError as exc:
@@ -352,5 +393,7 @@ __all__ = [
     "Lister",
     "SessionFilter",
     "SessionPage",
+    "all_session_ids",
     "batch_delta",
+    "session_page",
 ]

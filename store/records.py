@@ -181,5 +181,10 @@ class StoreOptions:
     #: process paused in between) is refused and done again. The compactor's grace period
     #: must exceed this plus the clock skew between machines (docs/design.md, "Pauses").
     rebuild_max_age_ms: int = 60_000
+    #: Force the object layout (``store.layout.LAYOUT_FLAT`` = 1, ``LAYOUT_SPREAD`` = 2)
+    #: instead of reading it from the store's layout record, and write no record: for tests
+    #: (to write a store as versions before the record wrote it) and tools. None, the default:
+    #: the store's record decides, created on first use (``store/layout_record.py``).
+    layout: int | None = None
     #: Called at named points of the protocols (tests inject crashes and faults here).
     fault_hook: FaultHook | None = field(default=None, compare=False)

@@ -31,6 +31,7 @@ from store import SessionStore
 from store.cli import main
 from store.cli.common import Exit
 from store.embedded import EmbeddedRedis
+from store.layout import LAYOUT_SPREAD, Layout
 from store.pi_format import dumps_js, read_pi_file
 
 FIXTURES = pi_fixtures()
@@ -742,7 +743,8 @@ def test_embedded_default_shared_by_several_processes(
     try:
         res = run_cli("create", "shared", "--name", "embedded", cwd=home)
         assert res.code == 0, res.err
-        assert (home / ".sessionstore" / "sessions" / "shared" / "header.json").exists()
+        # A new store: the spread layout (store/layout.py spells the key).
+        assert (home / ".sessionstore" / Layout("", LAYOUT_SPREAD).header("shared")).exists()
         assert embedded.running()
         # Four processes append at once (no --expect-tail: each lands, as a root here).
         procs = [subprocess.Popen([sys.executable, "-m", "store.cli", "append", "shared"], cwd=home,

@@ -167,7 +167,9 @@ def test_one_sweeper_at_a_time_and_a_paused_one_is_replaced(store: SessionStore)
         compacted(store, clock, sid, segments=1)
     store.coord.purge()
     clock.advance(GRACE_MS)
-    pause = Pause("gc.sweep.session", when=lambda ctx: ctx["session_id"] == "s1")
+    # The sweep's order is the layout's (shard, then id: store/layout.py): s0..s3 renamed by it.
+    s0, s1, s2, s3 = sorted(sids, key=store.layout.dir_name)
+    pause = Pause("gc.sweep.session", when=lambda ctx: ctx["session_id"] == s1)
     seen: Counter[str] = Counter()
 
     def count_and_pause(point: str, ctx: dict[str, Any]) -> None:
@@ -186,7 +188,7 @@ def test_one_sweeper_at_a_time_and_a_paused_one_is_replaced(store: SessionStore)
     pause.release()
     late = first.result()
     assert late is not None and late.sessions == 2  # s0, then s1 (harmless), then it stops
-    assert seen == Counter({"s0": 1, "s1": 2, "s2": 1, "s3": 1})
+    assert seen == Counter({s0: 1, s1: 2, s2: 1, s3: 1})
     assert all(keys_of(store, sid) == reachable(store, sid) for sid in sids)
     assert a.sweep() is None and b.sweep() is None  # finished: not due for a period
 

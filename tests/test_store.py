@@ -387,8 +387,9 @@ def test_the_conditional_write_probe_runs_once_per_store_and_backend(
     verdicts = [i.key for i in first.objects.list(probe)]
     assert len(verdicts) == 1 and verdicts[0].startswith(f"{probe}verdict-")
     second = SessionStore.from_url(s3_url, redis_url, redis_prefix=redis_prefix)
-    # One HEAD finds the verdict: no probe object written or deleted by the second process.
-    assert dict(second.objects.requests) == {"head": 1}
+    # One HEAD finds the verdict: no probe object written or deleted by the second process
+    # (and one GET reads the store's layout record, store/layout_record.py).
+    assert dict(second.objects.requests) == {"head": 1, "get": 1}
     second.create_session("after")
     assert second.append_session_entries("after", [entry("a", None)]).seq == 1
     # The same bucket's objects on another backend (one that ignores If-None-Match): the

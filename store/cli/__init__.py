@@ -121,7 +121,7 @@ def _add_session_commands(add: _Add) -> None:
     p = add("ls", "list sessions: name, entries, last update", commands.cmd_ls)
     p.add_argument("--limit", type=int, help="show the N most recently updated")
     p.add_argument("--page-size", type=int, metavar="N",
-                   help="one page of N sessions (1..1000) in id order, and the cursor of the next")
+                   help="one page of N sessions (1..1000) in the store's order (shard, then id), and the cursor of the next")
     p.add_argument("--cursor", help="the page after this cursor (printed by the previous page)")
     p.add_argument("--cwd", help="only sessions whose cwd is this")
     p.add_argument("--cwd-prefix", metavar="PREFIX", help="only sessions whose cwd starts with this")

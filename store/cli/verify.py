@@ -39,6 +39,7 @@ from store.errors import (
     SessionStoreError,
 )
 from store.layout import check_session_id
+from store.listing import all_session_ids
 from store.model.context import branch_path
 from store.model.session import Session
 
@@ -97,9 +98,7 @@ def verify_store(
 ) -> list[SessionCheck]:
     """Check the given sessions, or every session directory in the bucket."""
     if session_ids is None:
-        session_ids = store.options.retry.call(
-            lambda: list(store.objects.list_dirs(store.layout.sessions_prefix))
-        )
+        session_ids = store.options.retry.call(lambda: all_session_ids(store.objects, store.layout))
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         return list(pool.map(lambda sid: verify_session(store, sid), session_ids))
 

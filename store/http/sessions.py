@@ -70,8 +70,9 @@ class SessionRoutes:
     def _page(
         self, tenant: str | None, after: str | None, limit: int, filters: SessionFilter
     ) -> tuple[list[dict[str, Any]], str | None]:
-        """Sessions in id order after the cursor: one page of the store's listing (one LIST
-        and one Redis round trip, ``store/listing.py``), without reading any session. The
+        """Sessions in the layout's order (shard, then id) after the cursor: one page of the
+        store's listing (one LIST and one Redis round trip, ``store/listing.py``), without
+        reading any session. The
         filters and the tenant's own are applied to the page: it may be short, even empty,
         while ``next`` moves on (None after the last page)."""
         listed = self.store.list_sessions(cursor=after, limit=limit, filters=filters)
