@@ -200,18 +200,26 @@ def _session_keys(rc: Any, prefix: str) -> dict[str, list[bytes]]:
     return out
 
 
-def _memory(rc: Any, keys_of: dict[str, list[bytes]], sids: list[str]) -> tuple[float, float]:
-    """Mean MEMORY USAGE (bytes, every key of the session summed) and mean keys per session."""
+def _memory(rc: Any, keys_of: dict[str, list[bytes]], sids: list[str],
+            by_kind: dict[str, float] | None = None) -> tuple[float, float]:
+    """Mean MEMORY USAGE (bytes, every key of the session summed) and mean keys per session;
+    ``by_kind`` gets the mean bytes per session of each kind of key (tail, ids, recent, ...)."""
     if not sids:
         return float("nan"), float("nan")
     total = nkeys = 0
+    kinds: Counter[str] = Counter()
     for i in range(0, len(sids), 200):
         pipe = rc.pipeline(transaction=False)
         chunk = [k for sid in sids[i:i + 200] for k in keys_of.get(sid, [])]
         for key in chunk:
             pipe.execute_command("MEMORY", "USAGE", key, "SAMPLES", "0")
-        total += sum(int(v or 0) for v in pipe.execute())
+        sizes = [int(v or 0) for v in pipe.execute()]
+        total += sum(sizes)
         nkeys += len(chunk)
+        for key, size in zip(chunk, sizes):
+            kinds[key.decode().rsplit("}:", 1)[-1]] += size
+    if by_kind is not None:
+        by_kind.update({k: v / len(sids) for k, v in sorted(kinds.items())})
     return total / len(sids), nkeys / len(sids)
 
 
@@ -353,12 +361,15 @@ def run(ctx: Context) -> None:
             time.sleep(max(0.0, seeded_at + claim_s + 0.5 - time.perf_counter()))
             keys_of = _session_keys(rc, b.redis_prefix)
             idle_sample = [_sid_idle(i) for i in rng.sample(range(n), min(p.scale_memory_sample, n))]
-            bytes_idle, keys_idle = _memory(rc, keys_of, idle_sample)
-            bytes_comp, keys_comp = _memory(rc, keys_of, active)
+            kinds_idle: dict[str, float] = {}
+            kinds_comp: dict[str, float] = {}
+            bytes_idle, keys_idle = _memory(rc, keys_of, idle_sample, kinds_idle)
+            bytes_comp, keys_comp = _memory(rc, keys_of, active, kinds_comp)
             R.fig(f"{pre}.redis.bytes_per_idle_session", bytes_idle, "B")
             R.fig(f"{pre}.redis.keys_per_idle_session", keys_idle)
             R.fig(f"{pre}.redis.bytes_per_compacted_session", bytes_comp, "B")
             d["redis"] = {"idle_sample": len(idle_sample), "keys_per_compacted_session": keys_comp,
+                          "bytes_by_key_idle": kinds_idle, "bytes_by_key_compacted": kinds_comp,
                           "key_kinds_idle": dict(Counter(k.decode().rsplit("}:", 1)[-1]
                                                          for sid in idle_sample[:50] for k in keys_of.get(sid, []))),
                           "used_memory_before_after": [mem0, mem1]}
