@@ -76,6 +76,7 @@ class Params:
     scale_resume_sample: int = 50
     scale_memory_sample: int = 1_000
     scale_seed_threads: int = 32
+    scale_long_entries: int = 1_000
     seed: int = 1
 
     @classmethod
@@ -116,6 +117,7 @@ class Params:
             scale_appends=4,
             scale_resume_sample=5,
             scale_memory_sample=100,
+            scale_long_entries=200,
         )
 
     @classmethod

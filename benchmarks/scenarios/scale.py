@@ -33,7 +33,9 @@ store grows):
 
 The last population's figure over the first's is reported for each (flat: about 1.0x).
 Besides, at the largest population, one visit of the sweep (``Compactor.gc_session``) to a
-sample of sessions at rest: what the daily sweep costs per session (it visits them all).
+sample of sessions at rest: what the daily sweep costs per session (it visits them all). And
+one longer session (``scale_long_entries`` entries, appended 100 at a time): the MEMORY USAGE
+of its keys before and after its compaction, and of its ids hash per entry.
 """
 
 from __future__ import annotations
@@ -81,7 +83,9 @@ def expected_figures(params: dict[str, Any]) -> list[str]:
     names += [f"scale.{n}.{k}" for n in pops
               for k in ("sessions", "active", "appends", "redis.used_memory_per_session")]
     names += [f"scale.ratio.{m}" for m, _ in METRICS]
-    names += ["scale.sweep.object_requests_per_session", "scale.sweep.redis_round_trips_per_session"]
+    names += ["scale.sweep.object_requests_per_session", "scale.sweep.redis_round_trips_per_session",
+              "scale.long.uncompacted.redis_bytes", "scale.long.compacted.redis_bytes",
+              "scale.long.ids_bytes_per_entry", "scale.long.entries"]
     return names
 
 
@@ -384,10 +388,38 @@ def run(ctx: Context) -> None:
         R.fig("scale.sweep.object_requests_per_session", c.objects_total / len(sample))
         R.fig("scale.sweep.redis_round_trips_per_session", c.rt_total / len(sample))
         details["sweep"] = {"requests": c.requests, "round_trips": c.round_trips, "sessions": len(sample)}
+
+        # One longer session: its Redis bytes grow with its entries (the ids hash) and, until it
+        # is compacted, with its segments (the recent-segments cache).
+        details["long"] = _long_session(ctx, writers, Compactor(comp_store), rc, claim_s)
     finally:
         rc.close()
     R.details["scale"] = details
     _rows(ctx, pops)
+
+
+def _long_session(ctx: Context, writers: Any, comp: Any, rc: Any, claim_s: float) -> dict[str, Any]:
+    """A session of ``scale_long_entries`` entries appended 100 at a time: MEMORY USAGE of its
+    keys before and after its compaction (one session: not a population figure)."""
+    R, n = ctx.results, ctx.params.scale_long_entries
+    sid = "long0"
+    writers.create_session(sid)
+    entries = chain("e", 0, n, None)
+    for i in range(0, n, 100):
+        writers.append_session_entries(sid, entries[i:i + 100])
+    out: dict[str, Any] = {"entries": n, "segments": (n + 99) // 100}
+    for state in ("uncompacted", "compacted"):
+        if state == "compacted":
+            comp.compact_session(sid)
+        time.sleep(claim_s + 0.5)
+        keys = list(rc.scan_iter(match=f"{ctx.backend.redis_prefix}:{{{sid}}}:*", count=2000))
+        kinds: dict[str, float] = {}
+        total, _ = _memory(rc, {sid: keys}, [sid], kinds)
+        R.fig(f"scale.long.{state}.redis_bytes", total, "B")
+        out[state] = kinds
+    R.fig("scale.long.ids_bytes_per_entry", out["compacted"].get("ids", 0.0) / n, "B")
+    R.fig("scale.long.entries", n)
+    return out
 
 
 def _fmt(x: float) -> str:
@@ -423,6 +455,12 @@ def _rows(ctx: Context, pops: list[int]) -> None:
     mem = " / ".join(_fmt(R.figures[f"scale.{n}.redis.used_memory_per_session"]) for n in pops)
     R.row("scale (counted)", "Redis used_memory grown per session seeded (INFO memory; with Redis's "
           "own overhead, noisy at small sizes)", mem, "", "")
+    n = int(R.figures["scale.long.entries"])
+    R.row("scale (counted)", f"Redis bytes of one session of {n:,} entries (appends of 100): "
+          "uncompacted / compacted; of its ids hash per entry",
+          f"{_fmt(R.figures['scale.long.uncompacted.redis_bytes'])} / "
+          f"{_fmt(R.figures['scale.long.compacted.redis_bytes'])}; "
+          f"{_fmt(R.figures['scale.long.ids_bytes_per_entry'])} per entry", "", "")
     sw = R.figures["scale.sweep.object_requests_per_session"]
     R.row("scale (counted)", f"the daily sweep: object requests per session visited, at {last:,}",
           f"{_fmt(sw)} (+{_fmt(R.figures['scale.sweep.redis_round_trips_per_session'])} Redis round trips)",
