@@ -30,7 +30,7 @@ from benchmarks.results import (
     write_files,
 )
 
-SCENARIOS = ("append", "writers", "resume", "compaction", "curve", "local", "aio", "listing")
+SCENARIOS = ("append", "writers", "resume", "compaction", "curve", "local", "aio", "listing", "scale")
 #: Run only when named with --only: the frameworks' own backends beside their adapters, and
 #: the HTTP service against the library and the protocol's reference server (extras needed).
 OPTIONAL_SCENARIOS = ("peers", "http")
@@ -131,6 +131,9 @@ def expected_figures(params: dict[str, Any], compaction: bool) -> list[str]:
     from benchmarks.scenarios.listing import FIGURES as listing_figures
 
     names += listing_figures
+    from benchmarks.scenarios.scale import expected_figures as scale_figures
+
+    names += scale_figures(params)
     return names
 
 
@@ -138,6 +141,12 @@ def _http_figures(params: dict[str, Any], compaction: bool) -> list[str]:
     from benchmarks.scenarios.http import expected_figures as http_figures
 
     return http_figures(params, compaction)
+
+
+def _scale_figures(params: dict[str, Any]) -> list[str]:
+    from benchmarks.scenarios.scale import expected_figures as scale_figures
+
+    return scale_figures(params)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         steps.append(("aio", lambda: aio.run(ctx)))
     if "listing" in only:
         steps.append(("listing", lambda: listing.run(ctx)))
+    if "scale" in only:
+        from benchmarks.scenarios import scale
+
+        steps.append(("scale", lambda: scale.run(ctx)))
     if "peers" in only:
         from benchmarks.scenarios import peers
 
@@ -235,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             "scenarios": sorted(only),
             "compaction_api": compaction_api.description,
             "expected_figures": (expected_figures(params.to_json(), compacted) if only == set(SCENARIOS) else [])
-            + (_http_figures(params.to_json(), compaction_api.available) if "http" in only else []),
+            + (_http_figures(params.to_json(), compaction_api.available) if "http" in only else [])
+            + (_scale_figures(params.to_json()) if "scale" in only and only != set(SCENARIOS) else []),
         }
         plot_note: str | None = "not drawn (--no-plot or an incomplete run)"
         png = args.out / f"{run_id}.png"

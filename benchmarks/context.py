@@ -66,6 +66,17 @@ class Params:
     listing_sessions: int = 2_000
     listing_first_reps: int = 7
     listing_all_reps: int = 3
+    #: Scale (counted, not timed): sessions at rest, each population 10x the one before
+    #: (cumulative: one store grows); writers on ``scale_active`` new sessions per population,
+    #: ``scale_appends`` single-entry appends each (also their compaction trigger); resumes and
+    #: MEMORY USAGE of samples; threads seeding the sessions at rest.
+    scale_populations: tuple[int, ...] = (1_000, 10_000)
+    scale_active: int = 200
+    scale_appends: int = 8
+    scale_resume_sample: int = 50
+    scale_memory_sample: int = 1_000
+    scale_seed_threads: int = 32
+    scale_long_entries: int = 1_000
     seed: int = 1
 
     @classmethod
@@ -101,6 +112,12 @@ class Params:
             listing_sessions=150,
             listing_first_reps=2,
             listing_all_reps=1,
+            scale_populations=(20, 200),
+            scale_active=4,
+            scale_appends=4,
+            scale_resume_sample=5,
+            scale_memory_sample=100,
+            scale_long_entries=200,
         )
 
     @classmethod
@@ -113,6 +130,8 @@ class Params:
             amplification_sizes=(10_000, 100_000),
             listing_sessions=100_000,
             listing_all_reps=2,
+            scale_populations=(10_000, 100_000),
+            scale_active=300,
         )
 
     @property

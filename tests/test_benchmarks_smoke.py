@@ -71,6 +71,18 @@ WITH_COMPACTOR = [
     "compaction.{n}.mb_per_s",
 ]
 
+# The scale scenario's counted figures, for each population ("scale.<n>.<name>") and as the
+# ratio of the last population's to the first's ("scale.ratio.<name>").
+SCALE_COUNTED = [
+    "append.object_requests", "append.puts", "append.redis_round_trips", "append.redis_commands",
+    "resume.uncompacted.object_requests", "resume.uncompacted.redis_round_trips",
+    "resume.compacted.object_requests", "resume.compacted.redis_round_trips",
+    "compaction.object_requests", "gc.object_requests", "gc.redis_round_trips",
+    "gc.idle_object_requests", "gc.empty_pass_object_requests", "gc.empty_pass_redis_round_trips",
+    "redis.bytes_per_idle_session", "redis.keys_per_idle_session", "redis.bytes_per_compacted_session",
+    "written_per_appended",
+]
+
 
 def _compactor_available() -> bool:
     try:
@@ -111,6 +123,8 @@ def test_smoke_run_produces_every_figure(tmp_path: Path) -> None:
     bad = [name for name in expected if not isinstance(figures[name], (int, float)) or not math.isfinite(figures[name])]
     assert not bad, f"figures without a finite value: {bad}"
 
+    _check_scale(figures, meta["params"])
+
     # Every target was evaluated (met or not: timings are never asserted here).
     assert data["targets"], "no targets evaluated"
     assert all(t["value"] is not None for t in data["targets"]), data["targets"]
@@ -124,6 +138,22 @@ def test_smoke_run_produces_every_figure(tmp_path: Path) -> None:
         assert meta["plot"] is None
     else:
         assert meta["plot"] and Path(meta["plot"]).is_file()
+
+
+def _check_scale(figures: dict[str, float], params: dict[str, object]) -> None:
+    """The scale scenario's figures are counts, not times: each is a number, and one is a
+    behaviour: GC makes no request for the sessions at rest (nothing is due for them)."""
+    pops = params["scale_populations"]
+    assert isinstance(pops, list) and len(pops) >= 2 and all(b == 10 * a for a, b in zip(pops, pops[1:])), pops
+    names = [f"scale.{n}.{m}" for n in pops for m in SCALE_COUNTED] + [f"scale.ratio.{m}" for m in SCALE_COUNTED]
+    missing = [name for name in names if name not in figures]
+    assert not missing, f"scale figures not produced: {missing}"
+    bad = [name for name in names if not isinstance(figures[name], (int, float)) or not math.isfinite(figures[name])]
+    assert not bad, f"scale figures without a finite value: {bad}"
+    for n in pops:
+        assert figures[f"scale.{n}.gc.idle_object_requests"] == 0, n
+        assert figures[f"scale.{n}.gc.empty_pass_object_requests"] == 0, n
+        assert figures[f"scale.{n}.append.object_requests"] >= 1, n
 
 
 @pytest.mark.timeout(300)
