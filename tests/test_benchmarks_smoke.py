@@ -123,8 +123,6 @@ def test_smoke_run_produces_every_figure(tmp_path: Path) -> None:
     bad = [name for name in expected if not isinstance(figures[name], (int, float)) or not math.isfinite(figures[name])]
     assert not bad, f"figures without a finite value: {bad}"
 
-    _check_scale(figures, meta["params"])
-
     # Every target was evaluated (met or not: timings are never asserted here).
     assert data["targets"], "no targets evaluated"
     assert all(t["value"] is not None for t in data["targets"]), data["targets"]
@@ -138,6 +136,29 @@ def test_smoke_run_produces_every_figure(tmp_path: Path) -> None:
         assert meta["plot"] is None
     else:
         assert meta["plot"] and Path(meta["plot"]).is_file()
+
+
+@pytest.mark.timeout(300)
+def test_scale_smoke_run_produces_the_counted_figures(tmp_path: Path) -> None:
+    """``--only scale`` (optional, so not in the run above): counts, never times."""
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "benchmarks", "--smoke", "--only", "scale", "--no-plot", "--out", str(out)]
+    s3, redis_url = os.environ.get("SESSIONSTORE_TEST_S3_URL"), os.environ.get("SESSIONSTORE_TEST_REDIS_URL")
+    if s3 and redis_url:
+        cmd += ["--objects", s3, "--redis", redis_url]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, f"scale benchmark smoke failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    data = json.loads((out / "latest.json").read_text())
+    meta, figures = data["meta"], data["figures"]
+    assert meta["complete"] is True and meta["scenarios"] == ["scale"]
+    missing = [name for name in meta["expected_figures"] if name not in figures]
+    assert meta["expected_figures"] and not missing, f"figures not produced: {missing}"
+    _check_scale(figures, meta["params"])
+    # The longer session, once idle, keeps only its tail and summary in Redis.
+    assert figures["scale.long.idle.redis_bytes"] < figures["scale.long.compacted.redis_bytes"]
+    assert figures["scale.long.idle.redis_bytes"] < figures["scale.long.uncompacted.redis_bytes"] / 10
 
 
 def _check_scale(figures: dict[str, float], params: dict[str, object]) -> None:
