@@ -10,7 +10,9 @@ The suite (``@durable-streams/server-conformance-tests``, pinned in tests/ds-nod
 Every test of the suite must pass; the only skipped ones may be the optional "Reserved
 subscription APIs" block (it runs only with the suite's ``subscriptions`` option), so a test
 the suite newly skips fails here. Without node or tests/ds-node/node_modules the tests skip,
-except under ``CI``, where they fail.
+except under ``CI``, where they fail. Each test of the suite may take up to 60 s
+(tests/ds-node/vitest.config.mjs) instead of vitest's default 5 s: a wall-clock budget is a
+timing assertion, which this suite does not make; what each test asserts is the suite's own.
 """
 
 from __future__ import annotations
