@@ -687,7 +687,7 @@ class Coordinator:
 
     def _server_versions(self) -> list[tuple[int, ...]]:
         if self.cluster:
-            cluster = cast(redis.cluster.RedisCluster, self.client)
+            cluster: Any = self.client
             infos = [cluster.get_redis_connection(node).info("server") for node in cluster.get_nodes()]
         else:
             infos = [self.client.info("server")]
@@ -716,7 +716,7 @@ class Coordinator:
         """Sharded subscriptions to chosen sessions (see :class:`ShardChanges`). ``refresh``:
         on a cluster, reload which node owns which slot first (after a lost connection)."""
         if refresh and self.cluster:
-            cluster = cast(redis.cluster.RedisCluster, self.client)
+            cluster: Any = self.client
             self._call(cluster.nodes_manager.initialize, retry=False)
         return ShardChanges(self.client, self.keys, self.cluster)
 
