@@ -272,6 +272,12 @@ COMMIT = _PRELUDE + _QUEUE + """
 --   the next append rebuilds it from the object store, which holds every entry: Redis
 --   holds the index of active sessions only, and a re-send of any batch is still
 --   recognised (docs/design.md, "Redis state").
+-- ARGV[15+2n] "1": announce with SPUBLISH (sharded pub/sub, Redis >= 7.0: the channel has the
+--   session's hash tag, so it is in this script's slot and the message stays on the shard
+--   that owns it); anything else: PUBLISH (Redis 6.2; a Redis Cluster then broadcasts it to
+--   every node). The caller decides from the servers' versions (Coordinator.sharded_pubsub).
+--   A server that does not know SPUBLISH gets PUBLISH instead, so the script never stops
+--   half-way after its writes.
 -- (KEYS[4..8] and their arguments are optional, in that order.)
 -- Slot from+1 is *taken* when Redis's tail is past it, or when a manifest retired it
 -- (from+1 <= cseq). The caller's PUT of from+1 succeeded, so if the slot is taken, either the
@@ -308,7 +314,12 @@ local nids = redis.call('HLEN', KEYS[2])
 redis.call('HSET', KEYS[1], 'seq', from + 1, 'last', ARGV[3], 'count', s.count + n, 'nids', nids)
 local pseg = redis.call('HINCRBY', KEYS[1], 'pseg', 1)
 local pbytes = redis.call('HINCRBY', KEYS[1], 'pbytes', tonumber(ARGV[7 + 2 * n]))
-redis.call('PUBLISH', ARGV[5 + 2 * n], ARGV[6 + 2 * n])
+if ARGV[15 + 2 * n] == '1' then
+  local sent = redis.pcall('SPUBLISH', ARGV[5 + 2 * n], ARGV[6 + 2 * n])
+  if type(sent) == 'table' and sent.err then redis.call('PUBLISH', ARGV[5 + 2 * n], ARGV[6 + 2 * n]) end
+else
+  redis.call('PUBLISH', ARGV[5 + 2 * n], ARGV[6 + 2 * n])
+end
 -- recent-segments cache
 if KEYS[5] and ARGV[12 + 2 * n] and ARGV[12 + 2 * n] ~= ''
    and pbytes <= tonumber(ARGV[13 + 2 * n] or '0') then

@@ -433,6 +433,9 @@ class StreamService:
         ev = self.notifier.watch(sid)
         try:
             while True:
+                # Cleared before the read: a wake-up that comes while it reads makes it look
+                # again (one cleared after the read could have announced what it missed).
+                ev.clear()
                 res, info = await self._run(self.streams.read_info, path, offset, max_bytes=self.max_read)
                 if offset is None:
                     offset = res.tail
@@ -448,7 +451,6 @@ class StreamService:
                 if remaining <= 0:
                     headers["Stream-Cursor"] = cursor
                     return Response(status_code=204, headers=headers)
-                ev.clear()
                 try:
                     await asyncio.wait_for(ev.wait(), timeout=min(remaining, 5.0))
                 except TimeoutError:
