@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,18 +94,25 @@ def _compactor_available() -> bool:
 
 
 @pytest.mark.timeout(600)
-def test_smoke_run_produces_every_figure(tmp_path: Path) -> None:
+def _smoke_run(tmp_path: Path, args: list[str], timeout: float, what: str) -> dict[str, Any]:
+    """``python -m benchmarks --smoke ARGS`` on the test's servers (or the external ones the
+    suite was given); its results JSON. Fails with its output when the run fails."""
     out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "benchmarks", "--smoke", "--profile", "--out", str(out)]
+    cmd = [sys.executable, "-m", "benchmarks", "--smoke", *args, "--out", str(out)]
     s3, redis_url = os.environ.get("SESSIONSTORE_TEST_S3_URL"), os.environ.get("SESSIONSTORE_TEST_REDIS_URL")
     if s3 and redis_url:
         cmd += ["--objects", s3, "--redis", redis_url]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, f"benchmark smoke failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{what} smoke failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    data: dict[str, Any] = json.loads((out / "latest.json").read_text())
+    return data
 
-    data = json.loads((out / "latest.json").read_text())
+
+def test_smoke_run_produces_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    data = _smoke_run(tmp_path, ["--profile"], 540, "benchmark")
     meta = data["meta"]
     assert meta["complete"] is True
     assert meta["params"]["profile"] == "smoke"
@@ -141,16 +149,7 @@ def test_smoke_run_produces_every_figure(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_scale_smoke_run_produces_the_counted_figures(tmp_path: Path) -> None:
     """``--only scale`` (optional, so not in the run above): counts, never times."""
-    out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "benchmarks", "--smoke", "--only", "scale", "--no-plot", "--out", str(out)]
-    s3, redis_url = os.environ.get("SESSIONSTORE_TEST_S3_URL"), os.environ.get("SESSIONSTORE_TEST_REDIS_URL")
-    if s3 and redis_url:
-        cmd += ["--objects", s3, "--redis", redis_url]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, f"scale benchmark smoke failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    data = json.loads((out / "latest.json").read_text())
+    data = _smoke_run(tmp_path, ["--only", "scale", "--no-plot"], 280, "scale benchmark")
     meta, figures = data["meta"], data["figures"]
     assert meta["complete"] is True and meta["scenarios"] == ["scale"]
     missing = [name for name in meta["expected_figures"] if name not in figures]
@@ -184,17 +183,7 @@ def test_http_smoke_run_produces_the_service_and_library_figures(tmp_path: Path)
     installed and reported "not available" otherwise; the HTTP and library figures are
     required either way (the scenario checks every response and what each stream holds, so a
     broken HTTP path fails the run)."""
-    out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "benchmarks", "--smoke", "--only", "http", "--no-plot", "--out", str(out)]
-    s3, redis_url = os.environ.get("SESSIONSTORE_TEST_S3_URL"), os.environ.get("SESSIONSTORE_TEST_REDIS_URL")
-    if s3 and redis_url:
-        cmd += ["--objects", s3, "--redis", redis_url]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, f"http benchmark smoke failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-
-    data = json.loads((out / "latest.json").read_text())
+    data = _smoke_run(tmp_path, ["--only", "http", "--no-plot"], 280, "http benchmark")
     meta, figures = data["meta"], data["figures"]
     assert meta["complete"] is True and meta["scenarios"] == ["http"]
     n = meta["params"]["http_read_messages"]
