@@ -706,6 +706,7 @@ def test_doctor(cli: CLI, s3_location: Any, redis_prefix: str) -> None:
     assert checks["objects: conditional writes"]["status"] == "ok"
     assert checks["objects: permissions"]["status"] == "ok"
     assert checks["objects: clock skew"]["status"] in ("ok", "warn")
+    assert checks["objects: layout"]["status"] == "ok" and "spread" in checks["objects: layout"]["detail"]
     assert checks["redis: version"]["status"] == "ok"
     assert checks["redis: permissions"]["status"] == "ok"
     assert checks["redis: eviction"]["status"] in ("ok", "warn")

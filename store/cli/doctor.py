@@ -16,7 +16,9 @@ from typing import Any
 
 from store.cli.common import Config
 from store.errors import ConditionalWritesUnsupportedError, SessionStoreError
-from store.layout import Layout
+from store.layout import LAYOUT_FLAT, LAYOUT_SPREAD, Layout
+from store.layout_record import propose, read_record
+from store.retry import DEFAULT_RETRY
 from store.objects import (
     FileObjectStore,
     ObjectStore,
@@ -112,6 +114,17 @@ def _object_checks(checks: list[Check], objects: ObjectStore, layout: Layout) ->
         return "ok", "a second create of the same key was refused (If-None-Match: * honoured)"
 
     _run(checks, "objects: conditional writes", conditional)
+
+    def layout_check() -> tuple[str, str]:
+        # Read only: the record is created by the first store that opens the bucket.
+        names = {LAYOUT_FLAT: "flat (sessions/<id>/)", LAYOUT_SPREAD: "spread (sessions/<h>=<id>/)"}
+        recorded = read_record(objects, layout.prefix, DEFAULT_RETRY)
+        if recorded is not None:
+            return "ok", f"{names[recorded]}, recorded in {layout.record}"
+        proposed = propose(objects, layout.prefix, DEFAULT_RETRY)
+        return "ok", f"no layout record yet: the first store to open it records {names[proposed]}"
+
+    _run(checks, "objects: layout", layout_check)
 
     if isinstance(objects, S3ObjectStore):
         store = objects
@@ -223,7 +236,8 @@ class _RedisProbe:
         mode = info.get("redis_mode", "standalone")
         if parts and parts < MIN_REDIS:
             return "fail", f"Redis {version} ({mode}); {'.'.join(map(str, MIN_REDIS))} or later is needed"
-        return "ok", f"Redis {version} ({mode}) at {_safe_url(self.url or '')}"
+        notes = "SPUBLISH, sharded" if parts >= (7, 0) else "PUBLISH"
+        return "ok", f"Redis {version} ({mode}) at {_safe_url(self.url or '')}; change notifications by {notes}"
 
     def persistence(self) -> tuple[str, str]:
         aof = self.config_value("appendonly")
@@ -255,14 +269,20 @@ class _RedisProbe:
 
     def permissions(self) -> tuple[str, str]:
         key = f"{self.prefix}:doctor:{uuid.uuid4().hex}"
+        sharded = False
         try:
             self.call(lambda: self.client.set(key, "1", nx=True, ex=30))
             if self.call(lambda: self.client.eval("return redis.call('GET', KEYS[1])", 1, key)) not in (b"1", "1"):
                 return "fail", "a Lua script could not read a key just written"
             self.call(lambda: self.client.publish(f"{self.prefix}:doctor", "ping"))
+            info = self.call(lambda: self.client.info("server"))
+            version = tuple(int(p) for p in str(info.get("redis_version", "0")).split(".")[:2] if p.isdigit())
+            sharded = version >= (7, 0)
+            if sharded:  # COMMIT announces with SPUBLISH there (docs/design.md, "Change notifications")
+                self.call(lambda: self.client.spublish(f"{self.prefix}:doctor", "ping"))
         finally:
             self.call(lambda: self.client.delete(key))
-        return "ok", "SET / EVAL / PUBLISH / DEL allowed"
+        return "ok", f"SET / EVAL / PUBLISH{' / SPUBLISH' if sharded else ''} / DEL allowed"
 
 
 def _safe_url(url: str) -> str:
