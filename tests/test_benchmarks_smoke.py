@@ -93,7 +93,6 @@ def _compactor_available() -> bool:
     return callable(getattr(Compactor, "compact_session", None))
 
 
-@pytest.mark.timeout(600)
 def _smoke_run(tmp_path: Path, args: list[str], timeout: float, what: str) -> dict[str, Any]:
     """``python -m benchmarks --smoke ARGS`` on the test's servers (or the external ones the
     suite was given); its results JSON. Fails with its output when the run fails."""
@@ -110,6 +109,7 @@ def _smoke_run(tmp_path: Path, args: list[str], timeout: float, what: str) -> di
     return data
 
 
+@pytest.mark.timeout(600)
 def test_smoke_run_produces_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "results"
     data = _smoke_run(tmp_path, ["--profile"], 540, "benchmark")
