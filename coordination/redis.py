@@ -699,7 +699,7 @@ class Coordinator:
             infos = [cluster.get_redis_connection(node).info("server") for node in cluster.get_nodes()]
         else:
             infos = [self.client.info("server")]
-        return [_version(str(info.get("redis_version", "0"))) for info in infos]
+        return [parse_version(str(info.get("redis_version", "0"))) for info in infos]
 
     def subscribe(self, sid: str) -> Subscription:
         """The session's change notifications (one per committed segment). Errors of the
@@ -770,7 +770,7 @@ class Coordinator:
         return bool(self._call(self.client.ping))
 
 
-def _version(text: str) -> tuple[int, ...]:
+def parse_version(text: str) -> tuple[int, ...]:
     """``"7.0.15"`` -> (7, 0, 15); what is not a number counts as 0."""
     return tuple(int(p) if p.isdigit() else 0 for p in text.split(".")[:3])
 

@@ -40,6 +40,18 @@ def record_of(store: SessionStore) -> dict[str, Any] | None:
 # --- the hash and the names ------------------------------------------------------------------
 
 
+
+def walk(store: SessionStore, limit: int) -> tuple[list[str], int]:
+    """Every page of the listing: the session ids in order, and how many pages."""
+    cursor, pages, seen = None, 0, []
+    while True:
+        page = store.list_sessions(cursor=cursor, limit=limit)
+        pages += 1
+        seen += [i.session_id for i in page.items]
+        if page.next_cursor is None:
+            return seen, pages
+        cursor = page.next_cursor
+
 def test_the_shard_is_fixed_by_the_format_not_by_the_process() -> None:
     # blake2b(digest_size=1) of the UTF-8 id, in hex: these values may never change, or a
     # store written by one version would be unreadable by the next.
@@ -127,14 +139,7 @@ def test_a_flat_store_stays_flat_for_reads_writes_listing_compaction_and_gc(
     new.append_session_entries("o4", [entry("x", None)])
     assert new.objects.head(f"{prefix}sessions/o4/header.json") is not None
     assert old.load_session_entries("o4") == [entry("x", None)]  # one layout for both
-    pages, cursor, seen = 0, None, []
-    while True:
-        page = new.list_sessions(cursor=cursor, limit=2)
-        pages += 1
-        seen += [i.session_id for i in page.items]
-        if page.next_cursor is None:
-            break
-        cursor = page.next_cursor
+    seen, pages = walk(new, 2)
     assert seen == ["o1", "o2", "o3", "o4"] and pages in (2, 3)  # the last page may be empty
     # Compaction and GC of the flat layout (by schedule lost, then the sweep).
     clock = FakeClock()
@@ -210,14 +215,7 @@ def test_listing_walks_the_shards_in_order_exactly_once_one_list_a_page(store: S
     store.objects.requests.clear()
     total = len(list(store.objects.list_dirs(store.layout.sessions_prefix)))
     store.objects.requests.clear()
-    cursor, pages, seen = None, 0, []
-    while True:
-        page = store.list_sessions(cursor=cursor, limit=7)
-        pages += 1
-        seen += [i.session_id for i in page.items]
-        if page.next_cursor is None:
-            break
-        cursor = page.next_cursor
+    seen, pages = walk(store, 7)
     assert len(seen) == total == len(set(seen))
     # No GET but for the deleted sessions' directories SeaweedFS still lists for a while
     # (emptied just now): the listing reads their header to learn they are gone.

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from coordination.redis import parse_version
 from store.cli.common import Config
 from store.errors import ConditionalWritesUnsupportedError, SessionStoreError
 from store.layout import LAYOUT_FLAT, LAYOUT_SPREAD, Layout
@@ -228,12 +229,15 @@ class _RedisProbe:
         value = got.get(name)
         return None if value is None else str(value)
 
-    def version(self) -> tuple[str, str]:
-        self.call(self.client.ping)
+    def server_version(self) -> tuple[tuple[int, ...], str, str]:
+        """(major, minor), the version as the server spells it, and its mode."""
         info = self.call(lambda: self.client.info("server"))
         version = str(info.get("redis_version", "?"))
-        parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-        mode = info.get("redis_mode", "standalone")
+        return parse_version(version)[:2], version, str(info.get("redis_mode", "standalone"))
+
+    def version(self) -> tuple[str, str]:
+        self.call(self.client.ping)
+        parts, version, mode = self.server_version()
         if parts and parts < MIN_REDIS:
             return "fail", f"Redis {version} ({mode}); {'.'.join(map(str, MIN_REDIS))} or later is needed"
         notes = "SPUBLISH, sharded" if parts >= (7, 0) else "PUBLISH"
@@ -275,9 +279,7 @@ class _RedisProbe:
             if self.call(lambda: self.client.eval("return redis.call('GET', KEYS[1])", 1, key)) not in (b"1", "1"):
                 return "fail", "a Lua script could not read a key just written"
             self.call(lambda: self.client.publish(f"{self.prefix}:doctor", "ping"))
-            info = self.call(lambda: self.client.info("server"))
-            version = tuple(int(p) for p in str(info.get("redis_version", "0")).split(".")[:2] if p.isdigit())
-            sharded = version >= (7, 0)
+            sharded = self.server_version()[0] >= (7, 0)
             if sharded:  # COMMIT announces with SPUBLISH there (docs/design.md, "Change notifications")
                 self.call(lambda: self.client.spublish(f"{self.prefix}:doctor", "ping"))
         finally:
