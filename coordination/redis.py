@@ -72,7 +72,7 @@ def parse_recent(value: bytes, inc: str) -> tuple[str, int, bytes] | None:
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
-    code: str  # OK DUPLICATE COLLISION CONFLICT UNKNOWN_PARENT HYDRATE INCARNATION
+    code: str  # OK BUSY DUPLICATE COLLISION CONFLICT UNKNOWN_PARENT HYDRATE INCARNATION REINDEX
     seq: int = 0
     last: str = ""
     entry_id: str = ""
@@ -88,7 +88,7 @@ class CheckResult:
 
 @dataclass(frozen=True, slots=True)
 class CommitResult:
-    code: str  # OK ALREADY ZOMBIE BEHIND HYDRATE INCARNATION
+    code: str  # OK ALREADY ZOMBIE RETIRED BEHIND HYDRATE INCARNATION
     seq: int = 0
     inc: str = ""
     #: Segments and bytes committed since the latest manifest (OK only).
@@ -269,9 +269,13 @@ class Coordinator:
         nonce: str = "",
         claim_ms: int = 0,
         wait_s: float = 0.0,
+        compacted: Sequence[str | int] = (),
     ) -> CheckResult:
         """CHECK (scripts.CHECK). ``wait_s``: the writer ``nonce`` waits in the session's
-        queue; first wait up to that long for the claim to be handed to it, then CHECK."""
+        queue; first wait up to that long for the claim to be handed to it, then CHECK.
+        ``compacted``: what the writer's copy of the compacted ids says of the batch
+        (``store.id_index.Lookup.args``; empty: it has none). REINDEX (``seq`` = Redis's
+        ``iseq``) asks for a copy that reaches further."""
         args: list[Any] = [inc, "0" if expected_tail is None else "1", expected_tail or "", len(ids)]
         args.extend(ids)
         args.extend(hashes)
@@ -281,6 +285,7 @@ class Coordinator:
             args.append(parent)
         args.append(nonce)
         args.append(claim_ms if nonce else 0)
+        args.extend(compacted)
         keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.claim(sid)]
         if nonce:
             keys += [self.keys.queue(sid), self.keys.queue_leases(sid), self.keys.turn(sid, nonce)]
@@ -303,6 +308,8 @@ class Coordinator:
             return CheckResult(code, entry_id=_s(res[1]), parent_id=_s(res[2]))
         if code == "INCARNATION":
             return CheckResult(code, inc=_s(res[1]))
+        if code == "REINDEX":
+            return CheckResult(code, seq=int(res[1]))
         return CheckResult(code)
 
     def commit(
@@ -417,10 +424,11 @@ class Coordinator:
     def compacted(
         self, sid: str, inc: str, segments: int, size: int, through_seq: int = 0, generation: int = 0
     ) -> None:
-        """Subtract what a new manifest merged from the session's pending counters, and
-        record its ``through_seq`` as retired and its ``generation`` as the newest."""
+        """Subtract what a new manifest merged from the session's pending counters, record
+        its ``through_seq`` as retired and its ``generation`` as the newest, and drop the
+        ids it compacted from the id index (scripts.COMPACTED)."""
         args = [inc, segments, size, through_seq, generation]
-        keys = [self.keys.tail(sid), self.keys.recent(sid)]
+        keys = [self.keys.tail(sid), self.keys.recent(sid), self.keys.ids(sid)]
         self._call(lambda: self._compacted(keys=keys, args=args))
 
     def retired(self, sid: str, inc: str, through_seq: int) -> bool:
@@ -487,8 +495,13 @@ class Coordinator:
         max_age_ms: int = 0,
         mgen: int = 0,
         state_ttl_ms: int = 0,
+        compacted: tuple[int, int] = (0, -1),
     ) -> str:
         """Install state rebuilt from the object store (``ids``: (id, seq, hash)).
+
+        ``compacted``: (how many of the session's ids are left out of ``ids`` because they
+        are compacted, iseq: the segment through which they are; -1: none). ``count`` stays
+        the number of all entries; Redis keeps ``nids`` = len(ids) + that number.
 
         ``read_at_ms``: the client's clock before the rebuild's first read; a rebuild older
         than ``max_age_ms`` by Redis's clock is refused with "STALE" (see scripts.INSTALL), a
@@ -500,7 +513,8 @@ class Coordinator:
         pending = (pending_segments, pending_bytes)
         for _ in range(3):
             code = self._install_once(
-                sid, inc, seq=seq, last=last, count=count, ids=items, pending=pending, fence=fence
+                sid, inc, seq=seq, last=last, count=count, ids=items, pending=pending, fence=fence,
+                compacted=compacted,
             )
             if code != "LOST":
                 return code
@@ -517,6 +531,7 @@ class Coordinator:
         ids: list[tuple[str, int, str]],
         pending: tuple[int, int],
         fence: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0),
+        compacted: tuple[int, int] = (0, -1),
     ) -> str:
         scratch = self.keys.ids_building(sid, uuid.uuid4().hex)
         nids = 0
@@ -541,7 +556,10 @@ class Coordinator:
             self.keys.recent(sid),
         ]
         res = self._call(
-            lambda: self._install(keys=keys, args=[inc, seq, last, count, nids, *pending, *fence])
+            lambda: self._install(
+                keys=keys,
+                args=[inc, seq, last, count, nids + compacted[0], *pending, *fence, *compacted],
+            )
         )
         return _s(res[0])
 

@@ -11,7 +11,12 @@ State of a session (all keys hash-tagged ``{sid}``):
   one of those slots), ``mgen`` (the generation of the newest manifest Redis has been told
   of: a hint for readers, never trusted without a check), ``pseg``/``pbytes`` (pending
   compaction).
-- ``ids`` hash: entry id -> "<seq>:<content hash>".
+  ``iseq``/``tids``: ids of entries in segments 1..iseq (and a fork's inherited path) are
+  *compacted*: they live only in the data, in the manifest's bases, and ``tids`` of them are
+  not in ``ids`` (absent ``iseq``: -1, none; ``HLEN(ids) + tids == nids`` when the index is
+  whole). COMPACTED and INSTALL set them; writers check their batch against the compacted
+  ids themselves (store/id_index.py) and tell CHECK how far their copy reaches.
+- ``ids`` hash: entry id -> "<seq>:<content hash>", for entries after ``iseq``.
 - ``summary`` hash: what a listing shows, accounted through segment ``seq`` (see SUMMARY).
 - ``recent`` hash: the segments no manifest covers yet, a cache for readers (see COMMIT).
 - ``claim``, ``queue``, ``queue:leases`` and ``queue:<nonce>``: the advisory claim on the next
@@ -34,15 +39,18 @@ _CHUNK = 500
 
 _PRELUDE = """
 local function state(tail_key, ids_key, inc)
-  local t = redis.call('HMGET', tail_key, 'inc', 'seq', 'last', 'count', 'nids', 'cseq')
+  local t = redis.call('HMGET', tail_key, 'inc', 'seq', 'last', 'count', 'nids', 'cseq', 'iseq', 'tids')
   if not t[1] then return nil, {'HYDRATE'} end
   if t[1] ~= inc then return nil, {'INCARNATION', t[1]} end
-  if redis.call('HLEN', ids_key) ~= tonumber(t[5]) then
-    -- The id index lost keys (eviction, partial loss): it is rebuilt, never trusted.
+  local tids = tonumber(t[8] or '0')
+  if redis.call('HLEN', ids_key) + tids ~= tonumber(t[5]) then
+    -- The id index lost keys (eviction, expiry, partial loss): it is rebuilt, never trusted.
+    -- (A process of a version that does not trim compacted ids sees HLEN ~= nids here and
+    -- rebuilds a whole index, whose INSTALL drops iseq and tids: mixed versions stay right.)
     return nil, {'HYDRATE'}
   end
   return {seq = tonumber(t[2]), last = t[3], count = tonumber(t[4]), nids = tonumber(t[5]),
-          cseq = tonumber(t[6] or '0')}, nil
+          cseq = tonumber(t[6] or '0'), iseq = tonumber(t[7] or '-1'), tids = tids}, nil
 end
 local function hmget_chunked(key, list, first, last)
   local out = {}
@@ -159,7 +167,10 @@ CHECK = _PRELUDE + _QUEUE + """
 --   ("" = the session is empty), ARGV[4] n (entries), ARGV[5..4+n] ids,
 --   ARGV[5+n..4+2n] content hashes, ARGV[5+2n] m (external parents),
 --   then m pairs (entry id, parent id), then the writer's nonce and the claim's lease (ms;
---   0 = no claim)
+--   0 = no claim), then (optional) the writer's view of the compacted ids: w, the segment
+--   through which its copy of them reaches (-1: it has none), then n values (what its copy
+--   holds for each id: "<seq>:<hash>", or "" for none), then m values ("1" when its copy
+--   holds the parent, else "")
 -- KEYS[3] (optional) the claim: "<seq>:<nonce>" of the writer that was last told OK for
 --   seq. A claim is advisory: it only keeps concurrent writers from all PUTting segment
 --   seq+1 at once (all but one would lose the race, each at the price of a PUT and a GET);
@@ -179,6 +190,9 @@ CHECK = _PRELUDE + _QUEUE + """
 --   {'CONFLICT', last, seq}                 expected tail does not match
 --   {'UNKNOWN_PARENT', id, parent}
 --   {'HYDRATE'} / {'INCARNATION', inc}      state missing / built from another header
+--   {'REINDEX', iseq}                       the ids of segments 1..iseq are compacted and
+--                                           the writer's copy does not reach that far: load
+--                                           it from the manifest's bases, then CHECK again
 local s, err = state(KEYS[1], KEYS[2], ARGV[1])
 if not s then return err end
 -- A tail below a manifest's through_seq lags the object store (a stale rebuild, commits
@@ -189,11 +203,22 @@ local n = tonumber(ARGV[4])
 local m = tonumber(ARGV[5 + 2 * n])
 local nonce, lease = ARGV[6 + 2 * n + 2 * m], tonumber(ARGV[7 + 2 * n + 2 * m] or '0')
 local claims = KEYS[3] and lease and lease > 0
+-- Compacted ids are not in KEYS[2]: the writer's copy must reach at least as far. Decided in
+-- this script, so a compaction that trims between the writer's lookup and here is caught.
+local w = tonumber(ARGV[8 + 2 * n + 2 * m] or '-1')
+if s.iseq >= 0 and s.iseq > w then return {'REINDEX', s.iseq} end
+local wv = 8 + 2 * n + 2 * m  -- ARGV[wv + i]: the writer's value for id i, ARGV[wv + n + i]: parent i
+local function theirs(i)
+  local v = ARGV[wv + i]
+  if v and v ~= '' then return v end
+  return nil
+end
 local function refusal()
   local found = hmget_chunked(KEYS[2], ARGV, 5, 4 + n)
   local present, dup_seq = 0, nil
   for i = 1, n do
-    local v = found[i]
+    local v = found[i] or theirs(i)
+    if v then found[i] = v end
     if v then
       local sep = string.find(v, ':', 1, true)
       local seq, h = string.sub(v, 1, sep - 1), string.sub(v, sep + 1)
@@ -214,7 +239,9 @@ local function refusal()
     for i = 1, m do parents[i] = ARGV[5 + 2 * n + 2 * i] end
     local pf = hmget_chunked(KEYS[2], parents, 1, m)
     for i = 1, m do
-      if not pf[i] then return {'UNKNOWN_PARENT', ARGV[5 + 2 * n + 2 * i - 1], parents[i]} end
+      if not pf[i] and ARGV[wv + n + i] ~= '1' then
+        return {'UNKNOWN_PARENT', ARGV[5 + 2 * n + 2 * i - 1], parents[i]}
+      end
     end
   end
   return nil
@@ -283,10 +310,15 @@ COMMIT = _PRELUDE + _QUEUE + """
 -- (from+1 <= cseq). The caller's PUT of from+1 succeeded, so if the slot is taken, either the
 -- segment committed there is the caller's (a roll-forward by someone else: every id of the
 -- batch is indexed at from+1 with the same content) or the caller re-created a slot that
--- compaction retired and GC deleted: a zombie, never to be acknowledged.
+-- compaction retired and GC deleted: a zombie, never to be acknowledged. When the slot's ids
+-- are compacted (from+1 <= iseq: out of KEYS[2]) this script cannot tell the two apart: it
+-- answers RETIRED, the caller removes its object from the retired slot (no reader looks
+-- there; GC would) and CHECKs again, which finds its batch among the compacted ids
+-- (DUPLICATE, with the slot it got) if it was the one committed there.
 -- Returns {'OK', from+1, pseg, pbytes, queued} | {'ALREADY', seq} (committed already: the
 --   caller's batch, for an own segment) | {'ZOMBIE', seq} (own segment in a taken slot) |
 --   {'BEHIND', seq} (Redis is behind the writer's view: rebuild) | {'HYDRATE'} | {'INCARNATION', inc}
+--   | {'RETIRED', seq} (own segment in a retired slot whose ids are compacted: CHECK decides)
 local s, err = state(KEYS[1], KEYS[2], ARGV[1])
 if not s then return err end
 local from = tonumber(ARGV[2])
@@ -294,6 +326,7 @@ local n = tonumber(ARGV[4])
 if s.seq > from or from + 1 <= s.cseq then
   if s.seq <= from then return {'HYDRATE'} end  -- the tail lags a manifest: rebuild, then decide
   if ARGV[8 + 2 * n] ~= '1' then return {'ALREADY', s.seq} end
+  if from + 1 <= s.iseq then return {'RETIRED', s.seq} end
   local i = 5
   while i <= 4 + 2 * n do
     local j = math.min(i + 999, 4 + 2 * n)
@@ -310,7 +343,7 @@ end
 if s.seq < from then return {'BEHIND', s.seq} end
 local before = redis.call('HLEN', KEYS[2])
 hset_chunked(KEYS[2], ARGV, 5, 4 + 2 * n)
-local nids = redis.call('HLEN', KEYS[2])
+local nids = redis.call('HLEN', KEYS[2]) + s.tids
 redis.call('HSET', KEYS[1], 'seq', from + 1, 'last', ARGV[3], 'count', s.count + n, 'nids', nids)
 local pseg = redis.call('HINCRBY', KEYS[1], 'pseg', 1)
 local pbytes = redis.call('HINCRBY', KEYS[1], 'pbytes', tonumber(ARGV[7 + 2 * n]))
@@ -375,7 +408,9 @@ INSTALL = """
 --   started reading (client clock, ms), ARGV[10] the oldest rebuild accepted (ms; 0 = any),
 --   ARGV[11] (optional) the generation of the manifest the rebuild read (mgen),
 --   ARGV[12] (optional) how long (ms) the installed id index lives unless a commit renews
---   it ("0" or absent: for good; see COMMIT)
+--   it ("0" or absent: for good; see COMMIT), ARGV[13] (optional) tids: how many of the
+--   nids ids are compacted and not in the scratch hash (those of segments 1..ARGV[14] and a
+--   fork's inherited path), ARGV[14] (optional) iseq (-1 or absent: none compacted)
 -- A rebuild is a snapshot of the object store taken at ARGV[9]. One that reaches Redis too
 -- late (its process paused between reading and installing) may describe a session that
 -- compaction or a delete has since moved on from: it is refused (STALE) and done again.
@@ -399,22 +434,25 @@ if KEYS[4] and redis.call('GET', KEYS[4]) == ARGV[1] then
   redis.call('DEL', KEYS[3])
   return {'DELETED'}
 end
-local t = redis.call('HMGET', KEYS[1], 'inc', 'seq', 'nids', 'cseq', 'mgen')
+local t = redis.call('HMGET', KEYS[1], 'inc', 'seq', 'nids', 'cseq', 'mgen', 'tids')
 local cseq = tonumber(ARGV[8] or '0')
 local mgen = tonumber(ARGV[11] or '0')
 if t[1] == ARGV[1] and tonumber(t[4] or '0') > cseq then cseq = tonumber(t[4]) end
 if t[1] == ARGV[1] and tonumber(t[5] or '0') > mgen then mgen = tonumber(t[5]) end
 if t[1] == ARGV[1] and tonumber(t[2]) >= tonumber(ARGV[2])
-   and redis.call('HLEN', KEYS[2]) == tonumber(t[3]) then
+   and redis.call('HLEN', KEYS[2]) + tonumber(t[6] or '0') == tonumber(t[3]) then
   redis.call('DEL', KEYS[3])
   redis.call('HSET', KEYS[1], 'cseq', cseq, 'mgen', mgen)
   return {'KEPT', tonumber(t[2])}
 end
-if redis.call('HLEN', KEYS[3]) ~= tonumber(ARGV[5]) then
+local tids = tonumber(ARGV[13] or '0') or 0
+local iseq = tonumber(ARGV[14] or '-1') or -1
+local held = tonumber(ARGV[5]) - tids  -- the ids in the scratch hash
+if redis.call('HLEN', KEYS[3]) ~= held then
   redis.call('DEL', KEYS[3])
   return {'LOST'}
 end
-if tonumber(ARGV[5]) > 0 then
+if held > 0 then
   redis.call('RENAME', KEYS[3], KEYS[2])  -- keeps the scratch hash's expiry: set it anew
   local ttl = tonumber(ARGV[12] or '0') or 0
   if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) else redis.call('PERSIST', KEYS[2]) end
@@ -425,7 +463,7 @@ if KEYS[5] and t[1] ~= ARGV[1] then redis.call('DEL', KEYS[5]) end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'inc', ARGV[1], 'seq', ARGV[2], 'last', ARGV[3],
            'count', ARGV[4], 'nids', ARGV[5], 'pseg', ARGV[6], 'pbytes', ARGV[7], 'cseq', cseq,
-           'mgen', mgen)
+           'mgen', mgen, 'iseq', iseq, 'tids', tids)
 return {'INSTALLED', tonumber(ARGV[2])}
 """
 
@@ -461,10 +499,15 @@ local function trim_recent(key, through)
   end
 end
 -- COMPACTED: a manifest now covers segments the counters still count as pending.
--- KEYS[1] tail, KEYS[2] (optional) the recent-segments cache; ARGV[1] inc, ARGV[2] segments merged, ARGV[3] bytes merged,
+-- KEYS[1] tail, KEYS[2] (optional) the recent-segments cache, KEYS[3] (optional) the id
+--   index; ARGV[1] inc, ARGV[2] segments merged, ARGV[3] bytes merged,
 --   ARGV[4] the manifest's through_seq (raises cseq: see RETIRED), ARGV[5] (optional) its
 --   generation (raises mgen: where readers find the newest manifest without a LIST; a hint
 --   they verify, see store/read.py)
+-- With KEYS[3], the ids of segments 1..through_seq (and a fork's inherited path, seq 0) leave
+-- the index: they live in the manifest's bases, where writers look them up (CHECK, REINDEX),
+-- so Redis holds the ids of the uncompacted tail only, whatever the session's length. Only
+-- a whole index is trimmed (one that lost keys is rebuilt by the next append anyway).
 -- Returns {pseg, pbytes} after the subtraction (never below zero), or {} for another
 -- incarnation or missing state (nothing to correct: a rebuild recounts from the manifest).
 local inc = redis.call('HGET', KEYS[1], 'inc')
@@ -478,6 +521,27 @@ if gen > tonumber(redis.call('HGET', KEYS[1], 'mgen') or '0') then
   redis.call('HSET', KEYS[1], 'mgen', gen)
 end
 if KEYS[2] then trim_recent(KEYS[2], through) end
+if KEYS[3] then
+  local t = redis.call('HMGET', KEYS[1], 'nids', 'iseq', 'tids')
+  local tids = tonumber(t[3] or '0')
+  if through > tonumber(t[2] or '-1') and redis.call('HLEN', KEYS[3]) + tids == tonumber(t[1] or '-1') then
+    local all = redis.call('HGETALL', KEYS[3])
+    local drop = {}
+    for i = 1, #all, 2 do
+      local v = all[i + 1]
+      if tonumber(string.sub(v, 1, string.find(v, ':', 1, true) - 1)) <= through then
+        drop[#drop + 1] = all[i]
+      end
+    end
+    local i = 1
+    while i <= #drop do
+      local j = math.min(i + 499, #drop)
+      redis.call('HDEL', KEYS[3], unpack(drop, i, j))
+      i = j + 1
+    end
+    redis.call('HSET', KEYS[1], 'iseq', through, 'tids', tids + #drop)
+  end
+end
 local pseg = redis.call('HINCRBY', KEYS[1], 'pseg', -tonumber(ARGV[2]))
 local pbytes = redis.call('HINCRBY', KEYS[1], 'pbytes', -tonumber(ARGV[3]))
 if pseg < 0 then pseg = 0; redis.call('HSET', KEYS[1], 'pseg', 0) end

@@ -106,10 +106,14 @@ class Appender:
         rounds = 0
         wait_s = 0.0
         deadline = time.monotonic() + ctx.options.max_wait_s
+        compacted = self.tail.compacted
         while rounds < ctx.options.max_rounds:
+            seen = compacted.lookup(sid, header.incarnation, batch.ids, batch.external_parents)
+            ctx.fault("append.before_check", session_id=sid, through=seen.through)
             res = ctx.coord.check(
                 sid, header.incarnation, batch.ids, batch.hashes, batch.external_parents,
                 expected, nonce=nonce, claim_ms=ctx.options.claim_ms, wait_s=wait_s,
+                compacted=seen.args(),
             )
             if res.code == "BUSY":
                 if time.monotonic() > deadline:
@@ -119,6 +123,12 @@ class Appender:
                 continue
             wait_s = 0.0
             rounds += 1
+            if res.code == "REINDEX":
+                # Redis keeps the ids of segments 1..res.seq in the data only: our copy of them
+                # must reach that far before CHECK can decide (store/id_index.py).
+                ctx.fault("append.reindex", session_id=sid, iseq=res.seq)
+                compacted.load(sid, header, res.seq)
+                continue
             if res.code in ("HYDRATE", "INCARNATION"):
                 header = self.tail.repair(sid, header, res.code)
                 if incarnation is not None and header.incarnation != incarnation:
@@ -209,8 +219,9 @@ class Appender:
         """COMMIT our segment n+1 and decide whether it is live.
 
         True: acknowledge (the segment is the one at slot n+1, or our batch was committed
-        there by a roll-forward). False: a zombie in a retired slot, deleted again; the
-        caller goes back to CHECK. ``SessionNotFoundError``: the incarnation ended (a delete)
+        there by a roll-forward). False: our object sits in a retired slot (a zombie, or a
+        slot whose ids are compacted: RETIRED), deleted again; the caller goes back to CHECK,
+        which tells a committed batch (DUPLICATE) from one that is not. ``SessionNotFoundError``: the incarnation ended (a delete)
         before our PUT; the object has been deleted. ``IndeterminateError``: neither Redis
         nor the object store could say.
         """
@@ -235,6 +246,17 @@ class Appender:
                 return True
             if res.code == "ZOMBIE":
                 self._discard_zombie(key, sid, n + 1, "its slot was retired by compaction")
+                return False
+            if res.code == "RETIRED":
+                # The slot was retired and its ids compacted: our batch may be the one merged
+                # there (rolled forward by another writer) or we re-created a deleted slot.
+                # Either way nobody reads our object: remove it, and let CHECK decide against
+                # the compacted ids (DUPLICATE with this slot, or a new slot).
+                ctx.fault("append.retired_slot", session_id=sid, seq=n + 1, key=key)
+                try:
+                    ctx.options.retry.call(lambda: ctx.objects.delete(key))
+                except BackendError as exc:
+                    log.info("segment %s in a retired slot left for GC (%s)", key, exc)
                 return False
             if res.code == "INCARNATION":
                 self._check_incarnation(sid, header, n + 1, key)

@@ -339,6 +339,11 @@ class Reader:
     def _submit_bases(self, manifest: Manifest, fetched: Callable[[], object]) -> list[Future[Entries]]:
         return [self.ctx.pool.submit(self._get_base, b, fetched) for b in manifest.bases]
 
+    def base_entries(self, base: dict[str, Any]) -> Entries:
+        """A base's entries (``base``: its record in a manifest); ``SegmentRetired`` if it
+        is gone (merged into a newer manifest's bases and deleted)."""
+        return self._get_base(base)
+
     def _get_base(self, base: dict[str, Any], fetched: Callable[[], object] | None = None) -> Entries:
         """A base's entries; ``fetched`` is called once its bytes are here, before the parse."""
         ctx = self.ctx

@@ -23,6 +23,7 @@ from store.clock import now_ms
 from store.context import StoreContext
 from store.entries import entry_hash
 from store.errors import BackendError, BackendUnavailableError, ObjectNotFoundError
+from store.id_index import CompactedIds
 from store.listing import batch_delta, info_from_fields, last_update_ms, summary_fields
 from store.objects import StoredObject
 from store.read import Reader, SessionData
@@ -36,6 +37,8 @@ class TailKeeper:
     def __init__(self, ctx: StoreContext, reader: Reader) -> None:
         self.ctx = ctx
         self.reader = reader
+        #: This process's copies of sessions' compacted ids (store/id_index.py).
+        self.compacted = CompactedIds(ctx, reader)
 
     # --- roll-forward ------------------------------------------------------------------------
 
@@ -131,13 +134,21 @@ class TailKeeper:
         ids: list[tuple[str, int, str]] = [(str(e["id"]), 0, entry_hash(e)) for e in data.inherited]
         ids.extend((str(e["id"]), s, entry_hash(e)) for e, s in zip(data.entries, data.seqs))
         through = data.manifest.through_seq if data.manifest else 0
+        # The ids of what the manifest compacted (and a fork's inherited path) stay out of
+        # Redis: this process keeps them from the read it just made (store/id_index.py).
+        iseq = through if through > 0 or data.inherited else -1
+        if iseq >= 0:
+            based = sum(data.manifest.seq_counts) if data.manifest else 0
+            self.compacted.seed(sid, header.incarnation, iseq, based, ids)
+        kept = [i for i in ids if i[1] > iseq] if iseq >= 0 else ids
         code = self.ctx.coord.install(
             sid,
             header.incarnation,
             seq=data.seq,
             last=data.last_entry_id,
             count=len(data.inherited) + len(data.entries),
-            ids=ids,
+            ids=kept,
+            compacted=(len(ids) - len(kept), iseq),
             pending_segments=data.seq - through,
             pending_bytes=data.tail_bytes,
             cseq=through,
