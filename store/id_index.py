@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 from store.context import StoreContext
 from store.entries import entry_hash
-from store.errors import BackendUnavailableError
+from store.errors import BackendError, BackendUnavailableError
+from store.manifest import Manifest
 from store.read import Reader, SegmentRetired
 from store.records import Header
 
@@ -105,16 +106,16 @@ class CompactedIds:
             return copy.through if copy is not None else -1
 
     def load(self, sid: str, header: Header, at_least: int) -> None:
-        for _ in range(_MAX_LOADS):
+        for attempt in range(_MAX_LOADS):
             try:
-                return self._load(sid, header, at_least)
+                return self._load(sid, header, at_least, hinted=attempt == 0)
             except SegmentRetired:
                 continue  # a base merged and deleted meanwhile: a newer manifest names it
         raise BackendUnavailableError(
             f"session {sid!r}: its bases kept being replaced while reading its compacted ids"
         )
 
-    def _load(self, sid: str, header: Header, at_least: int) -> None:
+    def _load(self, sid: str, header: Header, at_least: int, *, hinted: bool) -> None:
         """Make the copy reach segment ``at_least`` (Redis's ``iseq``): the bases of the
         newest manifest not read yet, and the inherited path once. If the newest manifest
         does not reach that far (a compactor's manifest below the newest, see
@@ -132,7 +133,7 @@ class CompactedIds:
         if not start.inherited and header.fork is not None:
             for e in self.reader.fork_path(header.fork):
                 added[str(e["id"])] = f"0:{entry_hash(e)}"
-        manifest = ctx.manifests.latest(sid, inc)
+        manifest = self._manifest(sid, inc, at_least) if hinted else ctx.manifests.latest(sid, inc)
         base_entries = start.base_entries
         if manifest is not None and manifest.through_seq >= at_least:
             seqs = _seq_of_position(manifest.seq_counts)
@@ -158,6 +159,22 @@ class CompactedIds:
             through = data.seq
             base_entries = sum(data.manifest.seq_counts) if data.manifest else 0
         self._store(sid, inc, through, base_entries, added)
+
+    def _manifest(self, sid: str, inc: str, at_least: int) -> Manifest | None:
+        """The manifest Redis names (``mgen``: one Redis round trip and at most one GET,
+        none when this process parsed it already), if it reaches ``at_least``; else the
+        newest listed. Either is verified by its own content: any manifest of ours that
+        reaches ``at_least`` holds every entry of segments 1..at_least."""
+        ctx = self.ctx
+        try:
+            state = ctx.coord.tail(sid)
+        except BackendError:
+            state = None
+        if state is not None and state.inc == inc and state.mgen > 0:
+            named = ctx.manifests.cached(sid, inc, state.mgen) or ctx.manifests.get(sid, inc, state.mgen)
+            if named is not None and named.through_seq >= at_least:
+                return named
+        return ctx.manifests.latest(sid, inc)
 
     def seed(
         self, sid: str, inc: str, through: int, base_entries: int, ids: Iterable[tuple[str, int, str]]
