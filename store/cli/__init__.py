@@ -205,6 +205,16 @@ def _add_removal_commands(add: _Add) -> None:
     p.add_argument("session")
     p.add_argument("--yes", action="store_true", help="confirm")
 
+    p = add("erase", "an erasure request: delete whole sessions (with their data keys), or redact "
+                     "and purge at once every entry that mentions --matching TEXT; reports what "
+                     "was removed (then prove it with `verify --canary TEXT`)", commands.cmd_erase)
+    p.add_argument("sessions", nargs="*", metavar="SESSION",
+                   help="the sessions (with --matching and none named: every session)")
+    p.add_argument("--matching", metavar="TEXT",
+                   help="erase the entries whose strings contain TEXT, not whole sessions")
+    p.add_argument("--dry-run", action="store_true", help="report what would be erased, change nothing")
+    p.add_argument("--yes", action="store_true", help="confirm (not needed with --dry-run)")
+
 
 def _add_operate_commands(add: _Add) -> None:
     p = add("compact", "merge sessions' segments into bases now (default: every session)", commands.cmd_compact)
@@ -224,6 +234,9 @@ def _add_operate_commands(add: _Add) -> None:
     p = add("verify", "check sessions (default: the whole bucket) against the store's invariants", commands.cmd_verify)
     p.add_argument("sessions", nargs="*", metavar="SESSION")
     p.add_argument("--strict", action="store_true", help="warnings fail too")
+    p.add_argument("--canary", metavar="TEXT",
+                   help="instead: byte-scan every object of the store and every Redis value under its "
+                        "prefix for TEXT (the proof of an erasure); fails if it is anywhere")
 
     p = add("doctor", "check the backends: conditional writes, Redis settings, clocks, permissions", commands.cmd_doctor)
     p.add_argument("--strict", action="store_true", help="warnings fail too")

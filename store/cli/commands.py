@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from store.cli.ctx import Ctx
 from store.cli.live import cmd_follow
-from store.cli.operate import cmd_compact, cmd_doctor, cmd_embedded, cmd_gc, cmd_verify
+from store.cli.operate import cmd_compact, cmd_doctor, cmd_embedded, cmd_erase, cmd_gc, cmd_verify
 from store.cli.serve import cmd_serve
 from store.cli.sessions import (
     cmd_append,
@@ -41,6 +41,7 @@ __all__ = [
     "cmd_delete",
     "cmd_doctor",
     "cmd_embedded",
+    "cmd_erase",
     "cmd_export",
     "cmd_follow",
     "cmd_fork",

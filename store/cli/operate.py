@@ -113,6 +113,8 @@ def purged_line(sid: str, purge: Any) -> str:
 def cmd_verify(args: argparse.Namespace, ctx: Ctx) -> int:
     from store.cli.verify import verify_store
 
+    if args.canary is not None:
+        return _verify_canary(args, ctx)
     store = ctx.store
     sids = [check_session_id(s) for s in args.sessions] or None
     checks = verify_store(store, sids)
@@ -139,6 +141,55 @@ def cmd_verify(args: argparse.Namespace, ctx: Ctx) -> int:
                 out(f"      warning: {w}")
         out(f"verified {len(checks)} sessions: {faults} faults, {warnings} warnings")
     return Exit.OK if ok else Exit.FAILED
+
+
+def _verify_canary(args: argparse.Namespace, ctx: Ctx) -> int:
+    from compactor.erasure import scan_for
+
+    if args.sessions:
+        raise CliError("--canary scans the whole store: name no session", Exit.USAGE)
+    report = scan_for(ctx.store, args.canary)
+    if ctx.json:
+        out(dump_json({"ok": report.clean, "objects_scanned": report.objects_scanned,
+                       "redis_keys_scanned": report.redis_keys_scanned, "vanished": report.vanished,
+                       "hits": [asdict(h) for h in report.hits]}))
+    else:
+        for h in report.hits:
+            out(f"FOUND in {h.where} {h.key}" + (f" ({h.part})" if h.part else ""))
+        verdict = "found" if report.hits else "not found"
+        out(f"canary {verdict}: scanned {report.objects_scanned} objects and "
+            f"{report.redis_keys_scanned} Redis keys ({len(report.hits)} hits)")
+    return Exit.OK if report.clean else Exit.FAILED
+
+
+def cmd_erase(args: argparse.Namespace, ctx: Ctx) -> int:
+    from compactor.erasure import erase_matching, erase_sessions
+
+    if not args.yes and not args.dry_run:
+        raise CliError("an erasure cannot be undone: pass --yes to confirm (or --dry-run)", Exit.USAGE)
+    if args.matching is None:
+        if not args.sessions:
+            raise CliError("name the sessions to erase (or give --matching TEXT)", Exit.USAGE)
+        results = erase_sessions(ctx.store, args.sessions, dry_run=args.dry_run)
+    else:
+        sids = [check_session_id(s) for s in args.sessions] or None
+        results = erase_matching(compactor_for(ctx, None), args.matching, sids, dry_run=args.dry_run)
+    if ctx.json:
+        out(dump_json({"dry_run": args.dry_run, "results": [r.to_json() for r in results]}))
+        return Exit.OK
+    for r in results:
+        what = {
+            "deleted": f"deleted: {r.objects_deleted} objects, {r.redis_keys_dropped} Redis keys",
+            "would delete": f"would delete {r.objects_deleted} objects and {r.redis_keys_dropped} Redis keys",
+            "redacted": f"redacted {len(r.entries)} entries, purged {r.objects_deleted} objects",
+            "would redact": f"would redact {len(r.entries)} entries: {', '.join(r.entries)}",
+            "unchanged": "nothing to erase",
+        }[r.action]
+        keys = ", data keys destroyed" if r.keys_destroyed else ""
+        out(f"{r.session_id}: {what}{keys}")
+        for note in r.notes:
+            out(f"  note: {note}")
+    return Exit.OK
 
 
 def cmd_doctor(args: argparse.Namespace, ctx: Ctx) -> int:

@@ -1,0 +1,197 @@
+"""Erasure requests: a subject's data leaves every object and every Redis value, the command
+says what it removed, and a byte scan of the whole bucket and Redis proves it.
+
+Real Redis and a real S3 server over HTTP. The canary sits where a subject's data does in
+practice: in a user message (which the listing's summary quotes as the first message, and
+Redis's recent-segments cache holds while the segment is uncompacted), in the session's name,
+in a compacted base and in an uncompacted segment.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+from harness.pausing import FakeClock
+
+from compactor import Compactor, CompactorOptions
+from compactor.erasure import erase_matching, erase_sessions, scan_for
+from store import SessionStore
+from store.errors import InvalidInputError, SessionNotFoundError
+
+CANARY = "canary-7f3a9e-Ünïcode"
+
+
+def msg(eid: str, parent: str | None, text: str) -> dict[str, Any]:
+    return {"type": "message", "id": eid, "parentId": parent,
+            "timestamp": "2026-11-26T10:00:00.000Z",
+            "message": {"role": "user", "content": text}}
+
+
+def named(eid: str, parent: str | None, name: str) -> dict[str, Any]:
+    return {"type": "session_info", "id": eid, "parentId": parent,
+            "timestamp": "2026-11-26T10:00:00.000Z", "name": name}
+
+
+def populate(store: SessionStore, compactor: Compactor) -> None:
+    """a: the canary in its first message, its name and a late message (after a compaction);
+    b: once, uncompacted; c: never."""
+    store.create_session("a")
+    store.append_session_entries("a", [msg("a0", None, f"my address is {CANARY}"), named("a1", "a0", f"chat of {CANARY}")])
+    for i in range(2, 8):
+        store.append_session_entries("a", [msg(f"a{i}", f"a{i - 1}", f"plain {i}")])
+    assert compactor.compact_session("a").outcome == "compacted"
+    store.append_session_entries("a", [msg("a8", "a7", f"again {CANARY} here")])
+    store.append_session_entries("a", [msg("a9", "a8", "plain 9")])
+    store.create_session("b")
+    store.append_session_entries("b", [msg("b0", None, "hello"), msg("b1", "b0", f"{CANARY}")])
+    store.create_session("c")
+    store.append_session_entries("c", [msg("c0", None, "nothing to see")])
+    store.list_sessions(limit=10)  # summaries in Redis (they quote first messages)
+
+
+def snapshot(store: SessionStore) -> tuple[dict[str, bytes], dict[bytes, Any]]:
+    objects = {i.key: store.objects.get(i.key).data for i in store.objects.list("")}
+    client = store.coord.client
+    redis: dict[bytes, Any] = {}
+    for key in client.scan_iter(match=f"{store.coord.keys.prefix}:*"):
+        if b":claim" in key:
+            continue  # a writer's claim lapses by itself
+        redis[key] = client.dump(key)
+    return objects, redis
+
+
+@pytest.fixture
+def backend_args(s3_url: str, redis_url: str, redis_prefix: str) -> list[str]:
+    return ["--objects", s3_url, "--redis", redis_url, "--redis-prefix", redis_prefix]
+
+
+@pytest.fixture
+def erasing(make_store: Callable[..., SessionStore]) -> tuple[SessionStore, Compactor]:
+    # A purge waits out rebuilds older than the manifest it deletes behind (about a minute
+    # by default): the tests make that short.
+    store = make_store(compact_after_segments=0, rebuild_max_age_ms=200)
+    compactor = Compactor(store, CompactorOptions(grace_ms=60_000, clock_skew_ms=50, worker="t"))
+    return store, compactor
+
+
+def test_erasing_matching_entries_leaves_no_byte_of_them_anywhere(
+    erasing: tuple[SessionStore, Compactor],
+) -> None:
+    store, compactor = erasing
+    populate(store, compactor)
+    before = scan_for(store, CANARY)
+    kinds = {store.layout.parse(h.key).kind for h in before.hits if h.where == "object"}
+    redis = {h.key.rsplit(":", 1)[-1] for h in before.hits if h.where == "redis"}
+    # It is in a base, in segments, and in Redis: the recent-segments cache and the summary.
+    assert kinds == {"base", "segment"} and {"recent", "summary"} <= redis, before.hits
+    entries_before = {s: store.load_session_entries(s) for s in "abc"}
+
+    # A dry run says what it would do and changes nothing, byte for byte.
+    snap = snapshot(store)
+    dry = {r.session_id: r for r in erase_matching(compactor, CANARY, dry_run=True)}
+    assert dry["a"].action == "would redact" and dry["a"].entries == ("a0", "a1", "a8")
+    assert dry["b"].entries == ("b1",) and dry["c"].action == "unchanged"
+    assert snapshot(store) == snap
+
+    done = {r.session_id: r for r in erase_matching(compactor, CANARY)}
+    assert done["a"].action == "redacted" and done["a"].entries == ("a0", "a1", "a8")
+    assert done["a"].objects_deleted > 0 and done["b"].entries == ("b1",)
+    assert done["c"].action == "unchanged"
+    after = scan_for(store, CANARY)
+    assert after.clean, after.hits
+    assert after.objects_scanned > 0 and after.redis_keys_scanned > 0
+    # Everything else is as it was; the erased entries are tombstones, the tree whole.
+    for sid in "abc":
+        now = {e["id"]: e for e in store.load_session_entries(sid)}
+        for e in entries_before[sid]:
+            if e["id"] in done[sid].entries:
+                assert CANARY not in str(now[e["id"]]) and now[e["id"]]["parentId"] == e["parentId"]
+            else:
+                assert now[e["id"]] == e
+    # The session goes on, and a fresh listing shows no trace of it.
+    store.append_session_entries("a", [msg("a10", "a9", "after the erasure")])
+    page = store.list_sessions(limit=10)
+    assert CANARY not in repr(page.items)
+    assert scan_for(store, CANARY).clean
+
+
+def test_erasing_whole_sessions_reports_what_it_removed(erasing: tuple[SessionStore, Compactor]) -> None:
+    store, compactor = erasing
+    populate(store, compactor)
+    b_entries = store.load_session_entries("b")
+    dry = erase_sessions(store, ["a"], dry_run=True)
+    assert dry[0].action == "would delete" and dry[0].objects_deleted >= 5
+    assert store.load_session_entries("a")
+    res = erase_sessions(store, ["a", "nope"])
+    assert res[0].action == "deleted" and res[0].objects_deleted == dry[0].objects_deleted
+    assert res[0].redis_keys_dropped >= 3 and res[1].action == "unchanged"
+    with pytest.raises(SessionNotFoundError):
+        store.load_session_entries("a")
+    hits = scan_for(store, CANARY).hits
+    assert hits and {_session_of(h.key) for h in hits} == {"b"}, hits  # only b's canary is left
+    assert store.load_session_entries("b") == b_entries
+    erase_sessions(store, ["b"])
+    assert scan_for(store, CANARY).clean
+
+
+def _session_of(key: str) -> str:
+    if "{" in key:
+        return key.split("{", 1)[1].split("}", 1)[0]
+    for part in key.split("/"):
+        if "=" in part:
+            return part.split("=", 1)[1]
+    parts = key.split("/")
+    return parts[parts.index("sessions") + 1] if "sessions" in parts else key
+
+
+def test_bad_requests_change_nothing(erasing: tuple[SessionStore, Compactor]) -> None:
+    store, compactor = erasing
+    populate(store, compactor)
+    snap = snapshot(store)
+    with pytest.raises(InvalidInputError):
+        erase_matching(compactor, "ab")  # too short to mean a subject
+    with pytest.raises(InvalidInputError):
+        erase_sessions(store, [])
+    with pytest.raises(InvalidInputError):
+        scan_for(store, "")
+    assert snapshot(store) == snap
+
+
+def test_a_header_that_holds_the_text_is_reported(erasing: tuple[SessionStore, Compactor]) -> None:
+    store, compactor = erasing
+    store.create_session("h", cwd=f"/home/{CANARY}")
+    store.append_session_entries("h", [msg("h0", None, "hi")])
+    res = erase_matching(compactor, CANARY, ["h"])
+    assert res[0].action == "unchanged"
+    assert any("header" in n for n in res[0].notes)
+    assert not scan_for(store, CANARY).clean  # the header still holds it ...
+    erase_sessions(store, ["h"])
+    assert scan_for(store, CANARY).clean  # ... until the session goes
+
+
+def test_the_cli_erases_and_proves_it(
+    make_store: Callable[..., SessionStore], backend_args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from store.cli import main
+    from store.cli.common import Exit
+
+    store = make_store(compact_after_segments=0)
+    populate(store, Compactor(store, CompactorOptions(grace_ms=60_000, worker="t"), now=FakeClock()))
+
+    def run(*args: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main([*backend_args, *args])
+        return code, capsys.readouterr().out
+
+    code, text = run("verify", "--canary", CANARY)
+    assert code == Exit.FAILED and "canary found" in text and "FOUND in redis" in text
+    code, text = run("erase", "--matching", CANARY, "--dry-run")
+    assert code == Exit.OK and "a: would redact 3 entries: a0, a1, a8" in text
+    code, _ = run("erase", "a", "b")
+    assert code == Exit.USAGE  # no --yes: nothing happens
+    assert store.load_session_entries("a")
+    code, text = run("--json", "erase", "a", "b", "--yes")
+    assert code == Exit.OK
+    code, text = run("verify", "--canary", CANARY)
+    assert code == Exit.OK and "canary not found" in text
