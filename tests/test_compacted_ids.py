@@ -16,6 +16,7 @@ from typing import Any, Callable
 import pytest
 from harness.pausing import FakeClock, InThread, Pause
 from history import Op, attempt, check_history
+from test_idle_state import entry, fill
 
 from compactor import Compactor, CompactorOptions
 from store import SessionStore
@@ -23,26 +24,6 @@ from store.errors import IdCollisionError
 from store.records import ForkPoint
 
 GRACE_MS = 60_000
-
-
-def entry(eid: str, parent: str | None, text: str = "x" * 40) -> dict[str, Any]:
-    return {"type": "message", "id": eid, "parentId": parent,
-            "timestamp": "2026-11-26T10:00:00.000Z",
-            "message": {"role": "user", "content": text}}
-
-
-def fill(store: SessionStore, sid: str, entries: int, batch: int = 1, tag: str = "") -> list[str]:
-    parent = store.get_tail(sid).last_entry_id or None
-    ids: list[str] = []
-    for start in range(0, entries, batch):
-        chunk = []
-        for i in range(start, min(entries, start + batch)):
-            eid = f"{sid}{tag}-{i}"
-            chunk.append(entry(eid, parent))
-            parent = eid
-            ids.append(eid)
-        store.append_session_entries(sid, chunk)
-    return ids
 
 
 def compactor(store: SessionStore, clock: FakeClock | None = None) -> Compactor:

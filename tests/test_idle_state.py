@@ -31,13 +31,14 @@ def entry(eid: str, parent: str | None, text: str = "x" * 40) -> dict[str, Any]:
             "message": {"role": "user", "content": text}}
 
 
-def fill(store: SessionStore, sid: str, entries: int, batch: int = 1) -> list[str]:
+def fill(store: SessionStore, sid: str, entries: int, batch: int = 1, tag: str = "") -> list[str]:
+    """Append ``entries`` entries in batches, chained from the tail; ids ``<sid><tag>-<i>``."""
     parent = store.get_tail(sid).last_entry_id or None
     ids: list[str] = []
     for start in range(0, entries, batch):
         chunk = []
         for i in range(start, min(entries, start + batch)):
-            eid = f"{sid}-{i}"
+            eid = f"{sid}{tag}-{i}"
             chunk.append(entry(eid, parent))
             parent = eid
             ids.append(eid)
