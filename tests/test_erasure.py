@@ -195,3 +195,31 @@ def test_the_cli_erases_and_proves_it(
     assert code == Exit.OK
     code, text = run("verify", "--canary", CANARY)
     assert code == Exit.OK and "canary not found" in text
+
+
+def test_a_compactor_paused_with_the_content_in_hand_leaves_none_of_it(
+    erasing: tuple[SessionStore, Compactor], make_store: Callable[..., SessionStore]
+) -> None:
+    """A compactor reads the segments (plaintext canary included), writes its base, and
+    pauses before its manifest. The erasure redacts, compacts past it and purges. The paused
+    compactor then loses the race for its manifest and deletes its own base: the scan finds
+    nothing. (Were it to die there instead, its base would be an orphan that the sweep
+    removes and a second erasure's purge deletes: the scan shows it.)"""
+    from harness.pausing import InThread, Pause
+
+    store, compactor = erasing
+    store.create_session("p")
+    store.append_session_entries("p", [msg("p0", None, f"mine: {CANARY}")])
+    store.append_session_entries("p", [msg("p1", "p0", "plain")])
+    pause = Pause("compact.after_base")
+    slow = Compactor(make_store(compact_after_segments=0), CompactorOptions(grace_ms=60_000, worker="slow"),
+                     fault_hook=pause)
+    job = InThread(lambda: slow.compact_session("p"))
+    pause.wait_paused()
+    done = erase_matching(compactor, CANARY, ["p"])
+    assert done[0].entries == ("p0",)
+    pause.release()
+    assert job.result().outcome == "lost"
+    report = scan_for(store, CANARY)
+    assert report.clean, report.hits
+    assert [e["id"] for e in store.load_session_entries("p")][:2] == ["p0", "p1"]
