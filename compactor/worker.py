@@ -256,7 +256,7 @@ class Worker:
     # --- GC, outside the job loop ------------------------------------------------------------
 
     def _start_gc(self) -> list[threading.Thread]:
-        loops = []
+        loops: list[tuple[str, Any, int]] = []
         if self.options.gc_poll_ms > 0:
             loops.append(("gc-due", self.gc.collect_due, self.options.gc_poll_ms))
         if self.options.gc_interval_ms > 0:

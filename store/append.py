@@ -55,11 +55,11 @@ from store.errors import (
     UnknownParentError,
 )
 from store.listing import batch_delta
+from store.markers import is_marker_batch, refuse_if_trashed
 from store.migrations import CURRENT_SCHEMA
 from store.objects import StoredObject
 from store.read import Reader
 from store.records import AppendResult, Header
-from store.retention import is_marker_batch, refuse_if_trashed
 from store.segments import is_ours, segment_metadata
 from store.tail import TailKeeper
 

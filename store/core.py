@@ -51,6 +51,7 @@ from store.listing import (
     header_fields,
 )
 from store.manifest import Manifest, ManifestStore
+from store.markers import check_user_ids, refuse_if_trashed
 from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
 from store.read import Reader, SessionData, check_unique_ids
 from store.records import (
@@ -62,7 +63,7 @@ from store.records import (
     StoreOptions,
     TailInfo,
 )
-from store.retention import Retention, RetentionStore, TrashItem, check_user_ids, refuse_if_trashed
+from store.retention import Retention, RetentionStore, TrashItem
 from store.tail import TailKeeper
 
 if TYPE_CHECKING:

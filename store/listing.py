@@ -173,8 +173,8 @@ def batch_delta(kind: str, entries: Iterable[dict[str, Any]]) -> SummaryDelta:
     """What a batch, committed after everything before it, changes in the summary."""
     if kind != "pi":
         return SummaryDelta()
+    from store.markers import MARKER_TYPE
     from store.model.rules import REDACTION_TYPE
-    from store.retention import MARKER_TYPE
 
     batch = list(entries)
     if any(e.get("type") in (REDACTION_TYPE, MARKER_TYPE) for e in batch):
@@ -189,7 +189,7 @@ def summary_fields(header: Header, data: SessionData, updated_ms: int) -> dict[s
     fields = header_fields(header)
     fields["bytes"] = sum(len(encode_json(e)) + 1 for e in data.entries)
     fields["updated"] = updated_ms
-    from store.retention import trash_mark
+    from store.markers import trash_mark
 
     mark = trash_mark(data.last_entry_id)
     if mark is not None:

@@ -51,7 +51,6 @@ from store.entries import prepare_batch
 from store.errors import (
     BackendError,
     ConflictError,
-    InvalidEntryError,
     InvalidRetentionError,
     NotInTrashError,
     ObjectExistsError,
@@ -60,6 +59,16 @@ from store.errors import (
     SessionNotFoundError,
     SessionTrashedError,
 )
+from store.markers import (
+    _PURGE,
+    _RESTORE,
+    _TRASH,
+    MARKER_TYPE,
+    TrashMark,
+    refuse_if_trashed,
+    trash_mark,
+)
+from store.object_store import StoredObject
 from store.records import ForkPoint
 
 if TYPE_CHECKING:
@@ -67,14 +76,6 @@ if TYPE_CHECKING:
     from store.read import SessionData
 
 log = logging.getLogger("sessionstore.retention")
-
-#: The type of the trash's marker entries.
-MARKER_TYPE = "retention"
-#: Entry ids that only this module writes (user batches holding one are refused).
-RESERVED_PREFIX = "sessionstore."
-_TRASH = "sessionstore.trash."
-_PURGE = "sessionstore.purge."
-_RESTORE = "sessionstore.restore."
 
 DAY_MS = 24 * 60 * 60 * 1000
 #: How long a trashed session stays restorable by default.
@@ -163,45 +164,6 @@ class RetentionPolicy:
 
 
 @dataclass(frozen=True, slots=True)
-class TrashMark:
-    """What the tail's last entry id says: in the trash (purged after ``purge_after_ms``), or
-    being purged."""
-
-    purge_after_ms: int
-    purging: bool = False
-
-
-def trash_mark(last_entry_id: str) -> TrashMark | None:
-    """The trash state a session's last entry id says (None: not in the trash). Only the
-    tail decides: a trash marker followed by anything (a restore) is history."""
-    if last_entry_id.startswith(_TRASH):
-        ms = last_entry_id[len(_TRASH):].split(".", 1)[0]
-        return TrashMark(int(ms) if ms.isdigit() else 0)
-    if last_entry_id.startswith(_PURGE):
-        ms = last_entry_id[len(_PURGE):].split(".", 1)[0]
-        return TrashMark(int(ms) if ms.isdigit() else 0, purging=True)
-    return None
-
-
-def is_marker_batch(ids: tuple[str, ...] | list[str]) -> bool:
-    return bool(ids) and all(i.startswith(RESERVED_PREFIX) for i in ids)
-
-
-def check_user_ids(ids: tuple[str, ...]) -> None:
-    """Refuse a user's batch holding an id only the trash writes (``InvalidEntryError``)."""
-    for i, eid in enumerate(ids):
-        if eid.startswith((_TRASH, _PURGE, _RESTORE)):
-            raise InvalidEntryError("entry ids starting sessionstore.trash., .purge. or .restore. "
-                                    "are reserved for the trash", index=i, entry_id=eid)
-
-
-def refuse_if_trashed(sid: str, last_entry_id: str) -> None:
-    mark = trash_mark(last_entry_id)
-    if mark is not None:
-        raise SessionTrashedError(sid, mark.purge_after_ms, purging=mark.purging)
-
-
-@dataclass(frozen=True, slots=True)
 class SessionView:
     """One session as the policy judges it, from one read of the object store: everything
     here is of the same instant (the tail ``last_entry_id`` at segment ``seq``)."""
@@ -278,7 +240,7 @@ class RetentionStore:
             if not keys:
                 return None
             try:
-                obj = self.retry.call(lambda: self.objects.get(keys[-1]))
+                obj = self._get(keys[-1])
             except ObjectNotFoundError:
                 continue  # replaced by a newer version meanwhile: list again
             return Retention.from_json(obj.data)
@@ -295,18 +257,27 @@ class RetentionStore:
             version = (self.layout.seq_of(keys[-1]) if keys else 0) + 1
             key = self.layout.retention_record(sid, inc, version)
             try:
-                self.retry.call(lambda: self.objects.put_if_absent(key, stamped.to_json()))
+                self._create(key, stamped.to_json())
             except ObjectExistsError:
                 continue
             old = [k for k in keys if k != key]
             if old:
                 try:
-                    self.retry.call(lambda: self.objects.delete_many(old))
+                    self._delete(old)
                 except BackendError as exc:
                     log.info("old retention records of %s left (%s)", sid, exc)
             self._schedule(sid, self._first_look(stamped))
             return stamped
         raise ConflictError(sid, None, None, 0)
+
+    def _get(self, key: str) -> StoredObject:
+        return self.retry.call(lambda: self.objects.get(key))
+
+    def _create(self, key: str, data: bytes) -> None:
+        self.retry.call(lambda: self.objects.put_if_absent(key, data))
+
+    def _delete(self, keys: list[str]) -> None:
+        self.retry.call(lambda: self.objects.delete_many(keys))
 
     @staticmethod
     def _first_look(r: Retention) -> int | None:
@@ -588,7 +559,5 @@ __all__ = [
     "SessionView",
     "TrashItem",
     "TrashMark",
-    "check_user_ids",
-    "refuse_if_trashed",
     "trash_mark",
 ]

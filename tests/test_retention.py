@@ -8,12 +8,14 @@ tests move the fake clock by hours and days, never by seconds.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+from harness.pausing import FakeClock, InThread, Pause
+from test_store import snapshot
 
 from compactor.retention import RetentionOptions, RetentionRunner
-from harness.pausing import FakeClock, InThread, Pause
 from store import SessionStore
 from store.errors import (
     InvalidEntryError,
@@ -24,7 +26,6 @@ from store.errors import (
     SessionTrashedError,
 )
 from store.retention import DAY_MS, Retention, RetentionPolicy, trash_mark
-from test_store import snapshot
 
 HOUR = 60 * 60 * 1000
 GRACE = 2 * DAY_MS

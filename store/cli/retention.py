@@ -8,7 +8,8 @@ import re
 from typing import Any
 
 from store.cli.common import CliError, Exit, dump_json, err, iso_of_ms, out
-from store.cli.ctx import Ctx, now_ms
+from store.cli.ctx import Ctx
+from store.clock import now_ms
 from store.errors import InvalidRetentionError, NotInTrashError
 from store.layout import check_session_id
 from store.retention import DAY_MS, DEFAULT_GRACE_MS, Retention, RetentionPolicy
@@ -23,6 +24,19 @@ def duration_ms(text: str) -> int:
     if m is None:
         raise InvalidRetentionError(f"not a duration: {text!r} (e.g. 30d, 12h, 90m)")
     return int(float(m.group(1)) * _UNITS[m.group(2) or "s"])
+
+
+def _time_ms(text: str) -> int:
+    """Epoch milliseconds, or an ISO 8601 time (``2026-11-22T10:00:00Z``)."""
+    if text.isdigit():
+        return int(text)
+    from datetime import UTC, datetime
+
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidRetentionError(f"not a time: {text!r} (ISO 8601 or epoch ms)") from None
+    return int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
 def _retention_dict(r: Retention | None) -> dict[str, Any]:
@@ -49,7 +63,7 @@ def cmd_retention(args: argparse.Namespace, ctx: Ctx) -> int:
         if not report.ran:
             raise CliError("a retention run is under way elsewhere (a compactor worker): try again",
                            Exit.CONFLICT)
-        result = {"dry_run": report.dry_run, "trashed": list(report.trashed), "purged": list(report.purged),
+        result: dict[str, Any] = {"dry_run": report.dry_run, "trashed": list(report.trashed), "purged": list(report.purged),
                   "held_by_forks": list(report.held), "changed_meanwhile": list(report.changed),
                   "errors": list(report.errors)}
         if ctx.json:
@@ -77,8 +91,6 @@ def cmd_retention(args: argparse.Namespace, ctx: Ctx) -> int:
             if args.ttl:
                 r = Retention.sliding(duration_ms(args.ttl))
             elif args.expires_at:
-                from store.cli.sessions import _time_ms
-
                 r = Retention.absolute(_time_ms(args.expires_at))
             else:
                 r = Retention.keep()
@@ -113,7 +125,7 @@ def cmd_trash(args: argparse.Namespace, ctx: Ctx) -> int:
     store = ctx.store
     if args.action == "ls":
         items = store.list_trash()
-        rows = [{"session": i.session_id, "purge_after": iso_of_ms(i.purge_after_ms), "purging": i.purging,
+        rows: list[dict[str, Any]] = [{"session": i.session_id, "purge_after": iso_of_ms(i.purge_after_ms), "purging": i.purging,
                  "trashed_at": iso_of_ms(i.trashed_at_ms or None), "reason": i.reason, "held_by_forks": list(i.forks)}
                 for i in items]
         if ctx.json:
