@@ -96,6 +96,13 @@ def _parser() -> argparse.ArgumentParser:
                         "(default %(default)s)")
     w.add_argument("--sweep-lease", type=float, default=d.sweep_lease_ms / 1000,
                    help="seconds after which a silent sweeper is replaced (default %(default)s)")
+    w.add_argument("--idle-days", type=float, default=None,
+                   help="retention: move pi sessions idle this many days to the trash (default: "
+                        "no store-wide policy; sessions' own TTLs still run)")
+    w.add_argument("--trash-grace-days", type=float, default=d.retention_grace_ms / 86_400_000,
+                   help="days a trashed session stays restorable before it is purged (default %(default)s)")
+    w.add_argument("--retention-poll", type=float, default=d.retention_poll_ms / 1000,
+                   help="seconds between retention runs, fleet-wide; 0: none on this worker (default %(default)s)")
     c = sub.add_parser("compact", parents=[common], help="compact sessions now")
     c.add_argument("sessions", nargs="+")
     g = sub.add_parser("gc", parents=[common], help="garbage-collect sessions (all by default)")
@@ -179,6 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     gc_interval_ms=int(args.gc_interval * 1000),
                     sweep_rate=args.sweep_rate,
                     sweep_lease_ms=max(1, int(args.sweep_lease * 1000)),
+                    retention_idle_ms=None if args.idle_days is None else int(args.idle_days * 86_400_000),
+                    retention_grace_ms=int(args.trash_grace_days * 86_400_000),
+                    retention_poll_ms=int(args.retention_poll * 1000),
                 ),
             )
             return worker.run(burst=args.burst)

@@ -108,6 +108,15 @@ class WorkerOptions:
     #: Jobs taken per XREADGROUP / XAUTOCLAIM call. More than one makes a warm stop strand
     #: the extra jobs with this consumer until another worker's ``claim_idle_ms`` passes.
     batch: int = 1
+    #: Retention (compactor/retention.py): trash pi sessions without a TTL of their own that
+    #: are idle this long (None: no store-wide policy; sessions' own TTLs still run).
+    retention_idle_ms: int | None = None
+    #: How long a trashed session stays restorable before it is purged.
+    retention_grace_ms: int = 7 * 24 * 60 * 60 * 1000
+    #: A retention run at most this often, fleet-wide (0: this worker runs no retention).
+    retention_poll_ms: int = 60_000
+    #: The retention sweep (every session: idle ones, lost schedule entries) this often.
+    retention_sweep_ms: int = 6 * 60 * 60 * 1000
 
     def __post_init__(self) -> None:
         if min(self.gc_poll_ms, self.gc_interval_ms, self.sweep_rate) < 0:

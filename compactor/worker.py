@@ -30,9 +30,11 @@ from typing import Any
 from compactor.compact import Compactor
 from compactor.config import WorkerOptions, wall_clock_ms
 from compactor.records import CompactionResult
+from compactor.retention import RetentionOptions, RetentionRunner
 from compactor.schedule import GcScheduler
 from coordination.jobs import Job, JobQueue
 from store.errors import BackendError, SessionNotFoundError, SessionStoreError
+from store.retention import RetentionPolicy
 
 log = logging.getLogger("sessionstore.compactor.worker")
 
@@ -61,6 +63,10 @@ class WorkerStats:
     bytes_out: int = 0
     redactions_purged: int = 0
     gc_deleted: int = 0
+    #: Retention runs of this worker: sessions moved to the trash, purged, held by forks.
+    retention_trashed: int = 0
+    retention_purged: int = 0
+    retention_held: int = 0
     #: Enqueue-to-start delay of the last job and the largest seen (ms).
     lag_ms_last: int = 0
     lag_ms_max: int = 0
@@ -80,6 +86,13 @@ class Worker:
         self._started_ms = wall_clock_ms()
         self._last_heartbeat = float("-inf")
         self.gc = GcScheduler(compactor, self.options)
+        o = self.options
+        self.retention = RetentionRunner(
+            compactor.store,
+            RetentionPolicy(idle_ms=o.retention_idle_ms, grace_ms=o.retention_grace_ms),
+            RetentionOptions(poll_ms=o.retention_poll_ms, sweep_ms=o.retention_sweep_ms),
+            now=compactor.now, worker=self.name, fault_hook=compactor.fault_hook,
+        )
         self._gc_stop = threading.Event()
         self._stats_lock = threading.Lock()
         # XREADGROUP must return before the client's socket timeout reads it as a dead server.
@@ -243,13 +256,15 @@ class Worker:
     # --- GC, outside the job loop ------------------------------------------------------------
 
     def _start_gc(self) -> list[threading.Thread]:
-        loops = []
+        loops: list[tuple[str, Any, int]] = []
         if self.options.gc_poll_ms > 0:
             loops.append(("gc-due", self.gc.collect_due, self.options.gc_poll_ms))
         if self.options.gc_interval_ms > 0:
             # Whether a sweep is due is asked at most once a minute (and once at start).
             poll = min(self.options.gc_interval_ms, 60_000)
             loops.append(("gc-sweep", lambda: self.gc.sweep(self._gc_stop), poll))
+        if self.options.retention_poll_ms > 0:
+            loops.append(("retention", self.run_retention, self.options.retention_poll_ms))
         threads = []
         for name, step, every_ms in loops:
             thread = threading.Thread(target=self._gc_loop, args=(step, every_ms),
@@ -257,6 +272,14 @@ class Worker:
             thread.start()
             threads.append(thread)
         return threads
+
+    def run_retention(self) -> None:
+        """One retention run, if it is this worker's turn (a lease in Redis)."""
+        report = self.retention.run(stop=self._gc_stop)
+        with self._stats_lock:
+            self.stats.retention_trashed += len(report.trashed)
+            self.stats.retention_purged += len(report.purged)
+            self.stats.retention_held += len(report.held)
 
     def _gc_loop(self, step: Any, every_ms: int) -> None:
         while not self._gc_stop.is_set():

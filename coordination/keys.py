@@ -128,5 +128,21 @@ class Keys:
         return f"{self.prefix}:compaction:gc-sweep"
 
     @property
+    def retention_due(self) -> str:
+        """Sorted set: session id -> epoch ms when its retention may be due (a TTL's deadline,
+        a purge's time; early or lost entries only move work, ``compactor/retention.py``)."""
+        return f"{self.prefix}:retention:due"
+
+    @property
+    def retention_run(self) -> str:
+        """Hash: the retention runner's lease (scripts.SWEEP_LEASE's fields)."""
+        return f"{self.prefix}:retention:run"
+
+    @property
+    def retention_stats(self) -> str:
+        """Hash: counters of the trash (trashed, restored, purged, held): the metrics."""
+        return f"{self.prefix}:retention:stats"
+
+    @property
     def workers(self) -> str:
         return f"{self.prefix}:compaction:workers"

@@ -665,24 +665,69 @@ class Coordinator:
         return (None if due is None else int(due)), (None if leased is None else int(leased))
 
     def sweep_lease(
-        self, worker: str, now_ms: int, lease_ms: int, period_ms: int
+        self, worker: str, now_ms: int, lease_ms: int, period_ms: int, *, key: str | None = None
     ) -> tuple[str, int | None] | None:
         """Take or extend the sweep's lease: (cursor, ms the last sweep finished), or None
-        when another worker holds it or no sweep is due (scripts.SWEEP_LEASE)."""
+        when another worker holds it or no sweep is due (scripts.SWEEP_LEASE). ``key``:
+        another sweep's hash (the retention runner's) instead of GC's."""
         args = [worker, now_ms, lease_ms, period_ms]
-        got = self._call(lambda: self._sweep_lease(keys=[self.keys.gc_sweep], args=args), retry=False)
+        keys = [key or self.keys.gc_sweep]
+        got = self._call(lambda: self._sweep_lease(keys=keys, args=args), retry=False)
         if not got or int(got[0]) != 1:
             return None
         done = _s(got[2])
         return _s(got[1]), (int(done) if done else None)
 
     def sweep_progress(
-        self, worker: str, cursor: str, now_ms: int, lease_ms: int, *, done: bool = False
+        self, worker: str, cursor: str, now_ms: int, lease_ms: int, *, done: bool = False,
+        key: str | None = None,
     ) -> bool:
         """Record the sweep's cursor and extend the lease (or record its end and give the
         lease up); False when the lease is another worker's (scripts.SWEEP_PROGRESS)."""
         args = [worker, cursor, now_ms if done else "", now_ms, lease_ms]
-        return bool(self._call(lambda: self._sweep_progress(keys=[self.keys.gc_sweep], args=args)))
+        keys = [key or self.keys.gc_sweep]
+        return bool(self._call(lambda: self._sweep_progress(keys=keys, args=args)))
+
+    # --- retention (compactor/retention.py): when, never whether -------------------------------
+
+    def retention_schedule(self, sid: str, due_ms: int, *, earlier_only: bool = False) -> None:
+        """Look at ``sid``'s retention at ``due_ms`` (``earlier_only``: keep an earlier entry)."""
+        key = self.keys.retention_due
+        self._call(lambda: self.client.zadd(key, {sid: due_ms}, lt=earlier_only))
+
+    def retention_unschedule(self, sid: str) -> None:
+        key = self.keys.retention_due
+        self._call(lambda: self.client.zrem(key, sid))
+
+    def retention_due(self, now_ms: int, limit: int) -> list[str]:
+        """Up to ``limit`` sessions whose entry is due at ``now_ms``, earliest first."""
+        key = self.keys.retention_due
+        got = self._call(lambda: self.client.zrangebyscore(key, "-inf", now_ms, start=0, num=limit))
+        return [_s(m) for m in got]
+
+    def retention_scheduled(self, sid: str) -> int | None:
+        key = self.keys.retention_due
+        got = self._call(lambda: self.client.zscore(key, sid))
+        return None if got is None else int(got)
+
+    def retention_swept(self) -> int | None:
+        """When the retention runner's last sweep began (None: never, or Redis forgot)."""
+        key = self.keys.retention_run
+        got = self._call(lambda: self.client.hget(key, "swept"))
+        return None if got is None else int(got)
+
+    def retention_mark_swept(self, now_ms: int) -> None:
+        key = self.keys.retention_run
+        self._call(lambda: self.client.hset(key, "swept", now_ms))
+
+    def retention_count(self, event: str, n: int = 1) -> None:
+        key = self.keys.retention_stats
+        self._call(lambda: self.client.hincrby(key, event, n))
+
+    def retention_stats(self) -> dict[str, int]:
+        key = self.keys.retention_stats
+        got = self._call(lambda: self.client.hgetall(key))
+        return {_s(k): int(v) for k, v in (got or {}).items()}
 
     def enqueue_compaction(self, sid: str, *, reason: str, ttl_s: int = 3600) -> bool:
         """Queue one job for the session unless one is already pending."""

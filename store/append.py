@@ -55,6 +55,7 @@ from store.errors import (
     UnknownParentError,
 )
 from store.listing import batch_delta
+from store.markers import is_marker_batch, refuse_if_trashed
 from store.migrations import CURRENT_SCHEMA
 from store.objects import StoredObject
 from store.read import Reader
@@ -107,6 +108,7 @@ class Appender:
         wait_s = 0.0
         deadline = time.monotonic() + ctx.options.max_wait_s
         compacted = self.tail.compacted
+        trash_batch = is_marker_batch(batch.ids)
         while rounds < ctx.options.max_rounds:
             seen = compacted.lookup(sid, header.incarnation, batch.ids, batch.external_parents)
             ctx.fault("append.before_check", session_id=sid, through=seen.through)
@@ -147,6 +149,12 @@ class Appender:
                     rebuilt_for = res.seq
                     continue
                 raise UnknownParentError(sid, res.entry_id, res.parent_id)
+            if not trash_batch:
+                # Nothing is appended after a trash or purge marker (store/retention.py): an
+                # append acknowledged there could be lost to the purge. The marker took its
+                # slot with a compare-and-set, so a writer that checked before it meets it
+                # at its PUT, rolls it forward and is refused here.
+                refuse_if_trashed(sid, res.last)
             n = res.seq
             key = ctx.layout.segment(sid, header.incarnation, n + 1)
             ctx.fault("append.before_put", session_id=sid, seq=n + 1)

@@ -34,6 +34,7 @@ from store.errors import (
     ContentionError,
     EntryNotFoundError,
     InvalidInputError,
+    SessionNotFoundError,
 )
 from store.follow import Follower
 from store.handles import SessionHandle
@@ -50,6 +51,7 @@ from store.listing import (
     header_fields,
 )
 from store.manifest import Manifest, ManifestStore
+from store.markers import check_user_ids, refuse_if_trashed
 from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
 from store.read import Reader, SessionData, check_unique_ids
 from store.records import (
@@ -61,6 +63,7 @@ from store.records import (
     StoreOptions,
     TailInfo,
 )
+from store.retention import Retention, RetentionStore, TrashItem
 from store.tail import TailKeeper
 
 if TYPE_CHECKING:
@@ -115,6 +118,7 @@ class SessionStore:
         self.tail = TailKeeper(self.ctx, self.reader)
         self.appender = Appender(self.ctx, self.reader, self.tail)
         self.lister = Lister(self.ctx, self.tail)
+        self.retention = RetentionStore(self)
         self._probe_lock = threading.Lock()
         self._probed = self.options.allow_unsafe_backend
         try:
@@ -187,14 +191,23 @@ class SessionStore:
         fork: ForkPoint | None = None,
         kind: str = "pi",
         config: dict[str, Any] | None = None,
+        retention: Retention | None = None,
     ) -> SessionHandle:
         """Create a session; its header is written exactly once (``SessionExistsError``).
 
         ``kind``/``config``: what the log holds and its settings (``"pi"``, the default, or
-        ``"stream"``: opaque messages, ``store/streams.py``)."""
+        ``"stream"``: opaque messages, ``store/streams.py``). ``retention``: the session's
+        own TTL (``store.retention.Retention``; docs/lifecycle.md), recorded before the
+        header, so a session that exists always has it."""
         sid = check_session_id(session_id if session_id is not None else uuid7())
         header = new_header(sid, cwd=cwd, pi_header=pi_header, fork=fork, kind=kind, config=config)
         self._ensure_probed()
+        if retention is not None:
+            if kind != "pi":
+                from store.errors import InvalidRetentionError
+
+                raise InvalidRetentionError("a stream has its own TTL (ttl_s, expires_at_ms)")
+            self.retention.put(sid, header.incarnation, retention)
         self.headers.create(header)
         try:
             if fork is None:
@@ -249,6 +262,7 @@ class SessionStore:
         prepares pi's entries as pi reads them, ``strict=False``): the same protocol as
         ``append_session_entries``, without validating twice."""
         self._ensure_probed()
+        check_user_ids(batch.ids)  # the trash's markers are its own (store/retention.py)
         return self.appender.append(
             check_session_id(session_id), batch, expected_tail_entry_id, incarnation=incarnation
         )
@@ -266,8 +280,11 @@ class SessionStore:
         return entries
 
     def read_session(self, session_id: str) -> SessionData:
-        """The session's entries and where each came from (``store/read.py``)."""
-        return self.reader.read_session(check_session_id(session_id))
+        """The session's entries and where each came from (``store/read.py``).
+        ``SessionTrashedError`` for a session in the trash (docs/lifecycle.md)."""
+        data = self.reader.read_session(check_session_id(session_id))
+        refuse_if_trashed(data.header.session_id, data.last_entry_id)
+        return data
 
     def get_tail(self, session_id: str) -> TailInfo:
         """The true tail: Redis's view, rolled forward over segments it has not heard of."""
@@ -357,16 +374,19 @@ class SessionStore:
                 return
             cursor = page.next_cursor
 
-    def delete_session(self, session_id: str) -> None:
+    def delete_session(self, session_id: str, *, incarnation: str | None = None) -> None:
         """Remove every object and every Redis key of the session.
 
         The header goes first: from that moment the session does not exist, and creating it
         again starts a new incarnation with its own key space, so leftovers of an interrupted
         delete (or Redis state that could not be dropped because Redis was down) can never
-        leak into the new session.
+        leak into the new session. ``incarnation``: delete only that life of the session
+        (``SessionNotFoundError`` if the header names another).
         """
         sid = check_session_id(session_id)
         header = self.headers.read(sid)
+        if incarnation is not None and header.incarnation != incarnation:
+            raise SessionNotFoundError(sid)
         try:
             # Listings stop trusting the summary before the header goes (scripts.DELETING).
             self.coord.mark_deleting(sid, header.incarnation)
@@ -442,7 +462,50 @@ class SessionStore:
             "parentSession": sid,
         }
         fork = ForkPoint(sid, source.header.incarnation, from_entry_id, seq)
-        return self.create_session(new_sid, pi_header=pi_header, fork=fork, config=config)
+        # Registered before the header exists, checked after (store/retention.py,
+        # ``live_forks``): a purge of the source either sees this fork or this fork sees the
+        # source in the trash and undoes itself.
+        ref = self.retention.register_fork(fork, new_sid)
+        handle = self.create_session(new_sid, pi_header=pi_header, fork=fork, config=config)
+        try:
+            self.retention.check_fork_source(fork)
+        except SessionNotFoundError:
+            self.delete_session(new_sid, incarnation=handle.header.incarnation)
+            self.options.retry.call(lambda: self.objects.delete(ref))
+            raise
+        return handle
+
+    # --- retention and the trash (store/retention.py, docs/lifecycle.md) -----------------------
+
+    def set_retention(self, session_id: str, retention: Retention) -> Retention:
+        """Set the session's own TTL (``Retention.sliding``, ``.absolute``, ``.keep``); it
+        replaces the previous one. ``SessionTrashedError`` in the trash (restore it first)."""
+        sid = check_session_id(session_id)
+        if not isinstance(retention, Retention):
+            from store.errors import InvalidRetentionError
+
+            raise InvalidRetentionError(f"retention must be a Retention, not {type(retention).__name__}")
+        header = self.headers.read(sid)
+        if header.kind != "pi":
+            from store.errors import InvalidRetentionError
+
+            raise InvalidRetentionError("a stream has its own TTL (ttl_s, expires_at_ms)")
+        refuse_if_trashed(sid, self.get_tail(sid).last_entry_id)
+        return self.retention.put(sid, header.incarnation, retention)
+
+    def get_retention(self, session_id: str) -> Retention | None:
+        """The session's own TTL (None: the store-wide policy applies)."""
+        sid = check_session_id(session_id)
+        return self.retention.get(sid, self.headers.read(sid).incarnation)
+
+    def restore_session(self, session_id: str) -> None:
+        """Take a session out of the trash, every entry as it was (``NotInTrashError``;
+        ``SessionTrashedError`` with ``purging`` once its purge began)."""
+        self.retention.restore(check_session_id(session_id))
+
+    def list_trash(self) -> list[TrashItem]:
+        """Every session in the trash, with when it is purged and the forks that hold it."""
+        return self.retention.list_trash()
 
     def redact(self, session_id: str, entry_id: str, reason: str) -> AppendResult:
         """Hide an entry's content from every reader; the compactor later purges it.

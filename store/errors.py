@@ -11,15 +11,19 @@ with ``raise ... from exc`` so that the cause stays visible.
     │   ├── InvalidSessionIdError
     │   ├── InvalidEntryError               malformed entry, NaN, split surrogate pair, cycle, ...
     │   ├── InvalidKeyError                 an object key that is not a safe relative path
-    │   └── BatchTooLargeError
+    │   ├── BatchTooLargeError
+    │   └── InvalidRetentionError           a TTL or policy that makes no sense (negative, ...)
     ├── SessionNotFoundError
+    │   └── SessionTrashedError             in the trash: says when it is purged, how to restore
     ├── SessionExistsError
     ├── EntryNotFoundError
     ├── WriteRefusedError                   the store refused a write that was well formed
     │   ├── ConflictError                   expected tail did not match (carries the real tail)
     │   ├── IdCollisionError                same id, different content
     │   ├── UnknownParentError              parentId is neither in the batch nor in the session
-    │   └── ContentionError                 too many rounds lost to other writers
+    │   ├── ContentionError                 too many rounds lost to other writers
+    │   ├── NotInTrashError                 restore or purge of a session that is not in the trash
+    │   └── SessionHasForksError            purge of a source that live forks still read
     ├── CorruptObjectError                  an object in the bucket is not what the store wrote
     ├── IndeterminateError                  outcome unknown; re-sending the same batch is safe
     ├── BackendError
@@ -91,6 +95,11 @@ class BatchTooLargeError(InvalidInputError):
     """A batch over the configured limit of entries or bytes."""
 
 
+class InvalidRetentionError(InvalidInputError):
+    """A retention setting or policy that makes no sense (a negative or zero TTL, an expiry
+    that is not a time, both at once, ...). Nothing was written."""
+
+
 # --- sessions and entries --------------------------------------------------------------------
 
 
@@ -98,6 +107,24 @@ class SessionNotFoundError(SessionStoreError, LookupError):
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
         super().__init__(f"session {session_id!r} not found")
+
+
+class SessionTrashedError(SessionNotFoundError):
+    """The session is in the trash (its TTL or a retention policy expired it): hidden from
+    reads, listings and appends until it is restored, or purged after ``purge_after_ms``.
+    ``purging``: the purge has begun; it can no longer be restored."""
+
+    def __init__(self, session_id: str, purge_after_ms: int, *, purging: bool = False) -> None:
+        from store.clock import iso_ms
+
+        self.purge_after_ms = purge_after_ms
+        self.purging = purging
+        Exception.__init__(self, (
+            f"session {session_id!r} is being purged from the trash" if purging else
+            f"session {session_id!r} is in the trash: purged after {iso_ms(purge_after_ms)}; "
+            f"restore it with `sessionstore trash restore {session_id}` (SessionStore.restore_session)"
+        ))
+        self.session_id = session_id
 
 
 class SessionExistsError(SessionStoreError):
@@ -169,6 +196,25 @@ class UnknownParentError(WriteRefusedError):
 
 class ContentionError(WriteRefusedError):
     """The append lost every round to other writers within its retry budget."""
+
+
+class NotInTrashError(WriteRefusedError):
+    """A restore or purge of a session that is not in the trash (never trashed, restored
+    already, or appended to before the trash took it)."""
+
+    def __init__(self, session_id: str, detail: str = "") -> None:
+        self.session_id = session_id
+        super().__init__(f"session {session_id!r} is not in the trash" + (f" ({detail})" if detail else ""))
+
+
+class SessionHasForksError(WriteRefusedError):
+    """A purge of a session that live forks still read their history from."""
+
+    def __init__(self, session_id: str, forks: list[str]) -> None:
+        self.session_id = session_id
+        self.forks = forks
+        super().__init__(f"session {session_id!r} is the source of live forks {forks[:5]}: "
+                         "kept until they are gone")
 
 
 # --- storage faults --------------------------------------------------------------------------

@@ -11,6 +11,9 @@ Two layouts; a store (bucket and prefix) uses one for ever, recorded in the stor
     <prefix>sessions/<h>=<sid>/<inc>/manifest/<gen:016d>.json   compaction manifest
     <prefix>sessions/<h>=<sid>/<inc>/base/<unique>.jsonl        compacted base
     <prefix>streams/refs/<h>=<sid>/<inc>/<fork sid>             a fork of a stream's incarnation
+    <prefix>retention/<h>=<sid>/<inc>/<version:016d>.json       a session's retention setting
+    <prefix>trash/<h>=<sid>/<inc>                               the trash's index entry
+    <prefix>forks/<h>=<sid>/<inc>/<fork sid>                    a pi fork of an incarnation
 
     v1, "flat" (stores written before the layout record existed): the same without ``<h>=``.
 
@@ -192,6 +195,49 @@ class Layout:
 
     def stream_ref(self, sid: str, inc: str, fork_sid: str) -> str:
         return f"{self.stream_refs_prefix(sid, inc)}{fork_sid}"
+
+    # --- retention (store/retention.py): beside the sessions, so that one LIST finds every
+    # session with a setting, every session in the trash, every fork of a source ---
+
+    @property
+    def retention_prefix(self) -> str:
+        return f"{self.prefix}retention/"
+
+    def retention_records_prefix(self, sid: str, inc: str) -> str:
+        """Versioned retention records of an incarnation, each created once (If-None-Match):
+        the highest version is the setting."""
+        return f"{self.retention_prefix}{self.dir_name(sid)}/{inc}/"
+
+    def retention_record(self, sid: str, inc: str, version: int) -> str:
+        return f"{self.retention_records_prefix(sid, inc)}{version:0{SEQ_WIDTH}d}.json"
+
+    @property
+    def trash_prefix(self) -> str:
+        return f"{self.prefix}trash/"
+
+    def trash_entry(self, sid: str, inc: str) -> str:
+        """The trash's index entry of an incarnation (a hint: the session's log says whether
+        it is in the trash)."""
+        return f"{self.trash_prefix}{self.dir_name(sid)}/{inc}"
+
+    def fork_refs_prefix(self, sid: str, inc: str) -> str:
+        """Where the pi forks of an incarnation register (one empty object a fork)."""
+        return f"{self.prefix}forks/{self.dir_name(sid)}/{inc}/"
+
+    def fork_ref(self, sid: str, inc: str, fork_sid: str) -> str:
+        return f"{self.fork_refs_prefix(sid, inc)}{fork_sid}"
+
+    def parse_beside(self, key: str, root: str) -> tuple[str, str, str] | None:
+        """(session, incarnation, rest) of a key below ``root`` (``retention_prefix``,
+        ``trash_prefix``): None for one this layout never writes."""
+        if not key.startswith(root):
+            return None
+        name, _, rest = key[len(root):].partition("/")
+        sid = self.sid_of_dir(name)
+        if sid is None:
+            return None
+        inc, _, rest = rest.partition("/")
+        return (sid, inc, rest) if inc else None
 
     @property
     def probe_prefix(self) -> str:

@@ -80,6 +80,8 @@ class SessionFilter:
     updated_since_ms: int | None = None
     #: The name contains this (case-insensitive).
     name_contains: str | None = None
+    #: Sessions in the trash: left out (False, the default), only them (True), or both (None).
+    trashed: bool | None = False
 
     def __post_init__(self) -> None:
         for field_name in ("cwd", "cwd_prefix", "kind", "name_contains"):
@@ -99,6 +101,8 @@ class SessionFilter:
             return False
         since = self.updated_since_ms
         if since is not None and (info.updated_at_ms or info.created_at_ms) < since:
+            return False
+        if self.trashed is not None and (info.trash_purge_after_ms is not None) != self.trashed:
             return False
         name = self.name_contains
         return name is None or name.casefold() in (info.name or "").casefold()
@@ -169,10 +173,12 @@ def batch_delta(kind: str, entries: Iterable[dict[str, Any]]) -> SummaryDelta:
     """What a batch, committed after everything before it, changes in the summary."""
     if kind != "pi":
         return SummaryDelta()
+    from store.markers import MARKER_TYPE
     from store.model.rules import REDACTION_TYPE
 
     batch = list(entries)
-    if any(e.get("type") == REDACTION_TYPE for e in batch):
+    if any(e.get("type") in (REDACTION_TYPE, MARKER_TYPE) for e in batch):
+        # A redaction, or the trash's marker (in, out): the next listing rebuilds the summary.
         return SummaryDelta(reset=True)
     name, first = _name_and_first(batch)
     return SummaryDelta(name=name, first=first)
@@ -183,6 +189,11 @@ def summary_fields(header: Header, data: SessionData, updated_ms: int) -> dict[s
     fields = header_fields(header)
     fields["bytes"] = sum(len(encode_json(e)) + 1 for e in data.entries)
     fields["updated"] = updated_ms
+    from store.markers import trash_mark
+
+    mark = trash_mark(data.last_entry_id)
+    if mark is not None:
+        fields["trash"] = mark.purge_after_ms
     if header.kind == "pi":
         entries = data.all_entries
         from store.model.rules import REDACTION_TYPE
@@ -282,6 +293,7 @@ def info_of(sid: str, tail: list[Any], summary: dict[str, str]) -> SessionInfo |
             first_message=summary.get("first"),
             path=summary.get("path"),
             fork_entry_id=summary.get("fork_entry"),
+            trash_purge_after_ms=int(summary["trash"]) if "trash" in summary else None,
         )
     except (KeyError, ValueError):
         return None  # a summary that lost fields: rebuilt
@@ -301,6 +313,7 @@ def info_from_fields(sid: str, fields: dict[str, str | int], count: int) -> Sess
         first_message=_opt(fields.get("first")),
         path=_opt(fields.get("path")),
         fork_entry_id=_opt(fields.get("fork_entry")),
+        trash_purge_after_ms=int(fields["trash"]) if "trash" in fields else None,
     )
 
 

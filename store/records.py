@@ -134,6 +134,9 @@ class SessionInfo:
     path: str | None = None
     #: A forked session's fork point: the source's entry its history ends at.
     fork_entry_id: str | None = None
+    #: In the trash (docs/lifecycle.md): when it is purged (None: not in the trash). Listings
+    #: leave such sessions out unless asked (``SessionFilter(trashed=None or True)``).
+    trash_purge_after_ms: int | None = None
 
 
 FaultHook = Callable[[str, dict[str, Any]], None]

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from store.cli import commands
 from store.cli.claude import add_claude_commands
+from store.cli.retention import add_retention_commands
 from store.cli.common import (
     ENV_DEBUG,
     ENV_OBJECTS,
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_follow_command(add)
     _add_serve_command(add)
     _add_removal_commands(add)
+    add_retention_commands(add)
     _add_operate_commands(add)
     _add_demo_command(add)
     return parser
@@ -128,6 +130,7 @@ def _add_session_commands(add: _Add) -> None:
     p.add_argument("--kind", choices=("pi", "stream"), help="only sessions of this kind")
     p.add_argument("--since", metavar="TIME", help="only sessions updated since (ISO 8601 or epoch ms)")
     p.add_argument("--name", metavar="TEXT", help="only sessions whose name contains this")
+    p.add_argument("--trashed", action="store_true", help="only sessions in the trash (see `trash ls`)")
 
     p = add("info", "one session's header, tail, size and compactions", commands.cmd_info)
     p.add_argument("session")

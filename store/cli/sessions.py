@@ -176,6 +176,7 @@ def _session_row(info: SessionInfo) -> dict[str, Any]:
         "updated_at": iso_of_ms(updated),
         "cwd": info.cwd,
         "fork_of": info.fork_of,
+        "trash_purge_after_ms": info.trash_purge_after_ms,
     }
 
 
@@ -185,7 +186,7 @@ def _listing_filter(args: argparse.Namespace) -> SessionFilter:
         since = _time_ms(args.since)
     return SessionFilter(
         cwd=args.cwd, cwd_prefix=args.cwd_prefix, kind=args.kind,
-        updated_since_ms=since, name_contains=args.name,
+        updated_since_ms=since, name_contains=args.name, trashed=bool(getattr(args, "trashed", False)),
     )
 
 
@@ -235,6 +236,8 @@ def cmd_ls(args: argparse.Namespace, ctx: Ctx) -> int:
                 name = (name + " " if name else "") + f"(fork of {r['fork_of']})"
             if not r["name"] and r["first_message"]:
                 name = (name + " " if name else "") + f"“{_cut(r['first_message'], 60)}”"
+            if r.get("trash_purge_after_ms") is not None:
+                name = f"[trash: purged after {iso_of_ms(r['trash_purge_after_ms'])}] " + name
             out(f"{r['session']:<{width}}  {r['entries']:>7}  {human_age(r['updated_at_ms'], now):<9}  {name}")
     if next_cursor is not None:
         err(f"more: sessionstore ls --cursor {next_cursor}")
@@ -257,7 +260,17 @@ def _read_with_model(store: SessionStore, sid: str) -> tuple[SessionData, Sessio
 def cmd_info(args: argparse.Namespace, ctx: Ctx) -> int:
     store = ctx.store
     sid = check_session_id(args.session)
-    data, session = _read_with_model(store, sid)
+    from store.cli.retention import retention_state
+    from store.errors import SessionTrashedError
+    from store.retention import RetentionPolicy
+
+    try:
+        data, session = _read_with_model(store, sid)
+    except SessionTrashedError as exc:
+        state = retention_state(store, sid, RetentionPolicy())
+        state["restore"] = f"sessionstore trash restore {sid}"
+        out(dump_json(state) if ctx.json else "\n".join(f"{k:<26} {v}" for k, v in state.items()))
+        return Exit.NOT_FOUND if exc.purging else Exit.OK
     header = data.header
     info: dict[str, Any] = {
         "session": sid,
@@ -279,6 +292,11 @@ def cmd_info(args: argparse.Namespace, ctx: Ctx) -> int:
         "redacted": len(session.redacted_ids),
         "labels": len(session.labels),
     }
+    if header.kind == "pi":
+        # Expiry by the session's own TTL (the store-wide idle policy is the worker's).
+        state = retention_state(store, sid, RetentionPolicy())
+        info["retention"] = state["mode"]
+        info["expires"] = state.get("expires")
     if ctx.json:
         out(dump_json(info))
         return Exit.OK
