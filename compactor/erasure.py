@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from compactor.purge import purge_now
-from store.errors import InvalidInputError, ObjectNotFoundError, SessionNotFoundError
+from store.errors import InvalidInputError, ObjectNotFoundError, SessionNotFoundError, SessionTrashedError
 from store.layout import check_session_id
 
 if TYPE_CHECKING:
@@ -150,15 +150,35 @@ def erase_matching(
     if not isinstance(needle, str) or len(needle) < 3:
         raise InvalidInputError("the text to erase must be a string of at least 3 characters")
     store = compactor.store
-    sids = [check_session_id(s) for s in session_ids] if session_ids is not None else [
-        i.session_id for i in store.iter_sessions(page_size=1000)
-    ]
+    if session_ids is not None:
+        sids = [check_session_id(s) for s in session_ids]
+    else:
+        from store.listing import SessionFilter
+
+        # Every session, those in the trash included: they are in storage until purged.
+        sids = [i.session_id for i in store.iter_sessions(page_size=1000, filters=SessionFilter(trashed=None))]
     out: list[Erased] = []
     for sid in sids:
+        trashed = False
         try:
             data = store.read_session(sid)
+        except SessionTrashedError:
+            # Hidden from readers, still in storage until its purge: it must be erased too.
+            # Nothing may be appended to it (a redaction neither), so it goes whole.
+            trashed = True
+            data = store.reader.read_session(sid)
         except SessionNotFoundError:
             out.append(Erased(sid, "unchanged", notes=("no such session",)))
+            continue
+        if trashed:
+            if _mentions(data.header.pi_header, needle) or any(_mentions(e, needle) for e in data.entries):
+                erased = erase_sessions(store, [sid], dry_run=dry_run)[0]
+                note = "in the trash: erased whole (nothing can be appended there, a redaction neither)"
+                out.append(Erased(sid, erased.action, objects_deleted=erased.objects_deleted,
+                                  redis_keys_dropped=erased.redis_keys_dropped,
+                                  keys_destroyed=erased.keys_destroyed, notes=(note,)))
+            else:
+                out.append(Erased(sid, "unchanged", notes=("in the trash",)))
             continue
         notes: list[str] = []
         header = data.header

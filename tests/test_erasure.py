@@ -223,3 +223,31 @@ def test_a_compactor_paused_with_the_content_in_hand_leaves_none_of_it(
     report = scan_for(store, CANARY)
     assert report.clean, report.hits
     assert [e["id"] for e in store.load_session_entries("p")][:2] == ["p0", "p1"]
+
+
+def test_a_session_in_the_trash_is_erased_too(erasing: tuple[SessionStore, Compactor]) -> None:
+    """Hidden from readers, a trashed session is still in storage until its purge: an
+    erasure of every session finds it, and erases it whole (nothing can be appended in the
+    trash, a redaction neither)."""
+    from compactor.retention import RetentionOptions, RetentionRunner
+    from store.retention import Retention, RetentionPolicy
+
+    store, compactor = erasing
+    clock = FakeClock()
+    store.create_session("t")
+    store.append_session_entries("t", [msg("t0", None, f"old {CANARY}")])
+    store.create_session("u")
+    store.append_session_entries("u", [msg("u0", None, "nothing")])
+    store.set_retention("t", Retention.absolute(clock() + 1_000))
+    clock.advance(10_000)
+    report = RetentionRunner(store, RetentionPolicy(grace_ms=3_600_000), RetentionOptions(poll_ms=0),
+                             now=clock).run()
+    assert report.trashed == ("t",)
+    assert not scan_for(store, CANARY).clean
+    dry = {r.session_id: r for r in erase_matching(compactor, CANARY, dry_run=True)}
+    assert dry["t"].action == "would delete" and "trash" in dry["t"].notes[0]
+    assert dry["u"].action == "unchanged"
+    done = {r.session_id: r for r in erase_matching(compactor, CANARY)}
+    assert done["t"].action == "deleted" and done["t"].objects_deleted > 0
+    assert scan_for(store, CANARY).clean
+    assert [e["id"] for e in store.load_session_entries("u")] == ["u0"]
