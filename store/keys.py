@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from store import creates
 from store.clock import now_ms
 from store.crypto import SCHEME, DataKey, KeyProvider, WrappedKey, is_sealed, sealed_version
-from store.entries import decode_json, encode_json
+from store.model.js_json import decode_json, encode_json
 from store.errors import DecryptionError, KeyUnavailableError, ObjectNotFoundError
 from store.layout import Layout
 from store.objects import ObjectStore
@@ -240,12 +240,15 @@ class DataKeys:
         version, checked = known
         if self.clock() - checked < self.refresh_s:
             return version
-        while self.retry.call(lambda v=version: self.objects.head(self.layout.key_record(sid, inc, v + 1))) is not None:
+        while self._exists(self.layout.key_record(sid, inc, version + 1)):
             version += 1
         self._note_newest(sid, inc, version)
         with self._lock:
             self._newest[(sid, inc)] = (version, self.clock())
         return version
+
+    def _exists(self, key: str) -> bool:
+        return self.retry.call(lambda: self.objects.head(key)) is not None
 
     def rotate(self, sid: str, inc: str) -> int:
         """Add a new data key version; new segments (and the next compaction's bases) use
@@ -269,8 +272,8 @@ class DataKeys:
     def forget(self, sid: str) -> None:
         """Drop this process's keys of ``sid``."""
         with self._lock:
-            for slot in [s for s in self._deks if s[0] == sid]:
-                del self._deks[slot]
+            for dek_slot in [s for s in self._deks if s[0] == sid]:
+                del self._deks[dek_slot]
             for slot in [s for s in self._newest if s[0] == sid]:
                 del self._newest[slot]
 
