@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         compacted = True
         if "resume" in only:
             steps.append(("resume_compacted", lambda: resume.measure(ctx, "compacted")))
+            from benchmarks.scenarios import encryption
+
+            steps.append(("resume_encryption", lambda: encryption.resume_cost(ctx)))
     elif not compaction_api.available:
         results.notes.append(f"compaction not measured: {compaction_api.reason}")
         ctx.log(f"compaction skipped: {compaction_api.reason}")

@@ -16,6 +16,9 @@ class Params:
     profile: str = "default"  # smoke | default | full
     #: Append latency: interleaved rounds (one store append + one floor op each) per batch size.
     append_rounds: int = 120
+    #: The encryption cost's resume (benchmarks/scenarios/encryption.py): entries, reps.
+    encryption_resume_size: int = 2_000
+    encryption_resume_reps: int = 8
     append_warmup: int = 20
     append_batches: tuple[int, ...] = (1, 10)
     #: Open-loop schedule: slot interval = this x the mean of the store's and the floor's
@@ -84,6 +87,8 @@ class Params:
         return cls(
             profile="smoke",
             append_rounds=6,
+            encryption_resume_size=100,
+            encryption_resume_reps=2,
             append_warmup=3,
             writers=2,
             sessions_per_writer=2,

@@ -51,6 +51,9 @@ def _common() -> argparse.ArgumentParser:
     p.add_argument("--redis", default=env("SESSIONSTORE_REDIS_URL"),
                    help="redis://host:6379/0 (env SESSIONSTORE_REDIS_URL; default: the embedded "
                         "Redis beside a file:// store)")
+    p.add_argument("--keys", default=env("SESSIONSTORE_KEYS"),
+                   help="key provider of encrypted sessions: file:///path/keyring.json or "
+                        "kms://KEY?region=... (env SESSIONSTORE_KEYS; docs/encryption.md)")
     p.add_argument("--redis-prefix", default=env("SESSIONSTORE_REDIS_PREFIX", "ss"),
                    help="Redis key prefix (env SESSIONSTORE_REDIS_PREFIX, default ss)")
     p.add_argument("--grace", type=float,
@@ -122,13 +125,22 @@ def _print(value: Any) -> None:
     sys.stdout.flush()
 
 
+def _store_options(args: argparse.Namespace) -> dict[str, object]:
+    options: dict[str, object] = {"redis_prefix": args.redis_prefix}
+    if args.keys:
+        from store.crypto import key_provider_from_url
+
+        options["key_provider"] = key_provider_from_url(args.keys)
+    return options
+
+
 def _open_store(args: argparse.Namespace) -> SessionStore | None:
     """Open the store. A worker (``work``) started during an outage waits for the backends
     with backoff, logging why, instead of exiting; SIGTERM/SIGINT while waiting stop it
     (None). One-shot commands fail at once. A refusal (bad credentials, a missing bucket, a
     backend without conditional writes) is never waited on."""
     if args.command != "work":
-        return SessionStore.from_url(args.objects, args.redis, redis_prefix=args.redis_prefix)
+        return SessionStore.from_url(args.objects, args.redis, **_store_options(args))
     stop = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     for sig in previous:
@@ -137,7 +149,7 @@ def _open_store(args: argparse.Namespace) -> SessionStore | None:
         wait = 0.5
         while not stop.is_set():
             try:
-                return SessionStore.from_url(args.objects, args.redis, redis_prefix=args.redis_prefix)
+                return SessionStore.from_url(args.objects, args.redis, **_store_options(args))
             except BackendUnavailableError as exc:
                 log.warning("store unavailable at start, retrying", extra={"error": str(exc), "wait_s": wait})
                 stop.wait(wait)

@@ -62,6 +62,7 @@ from store.errors import (
 from store.layout import Layout, check_session_id
 from store.manifest import Manifest, build_manifest, compaction_record
 from store.migrations import CURRENT_SCHEMA
+from store.crypto import is_sealed
 from store.segments import SCHEMA, SHA256, contiguous, decode_object
 
 log = logging.getLogger("sessionstore.compactor")
@@ -197,7 +198,8 @@ class Compactor:
                 scan, spool = self._prepend_runs(sid, inc, previous, scan, spool, searched, found, runs, oldest), searched
             self.fault("compact.after_scan", session_id=sid, generation=gen)
             token = uuid.uuid4().hex
-            writer = _BaseWriter(self, sid, inc, Layout.base_stem(gen, started_ms, token))
+            writer = _BaseWriter(self, sid, inc, Layout.base_stem(gen, started_ms, token),
+                                 sealed=bool(header.encryption))
             try:
                 purged = self._write_bases(scan, spool, writer)
             except BaseException:
@@ -288,6 +290,17 @@ class Compactor:
         except ObjectNotFoundError:
             raise _SourceGone(key) from None
 
+    def _opened(self, key: str, data: bytes, checksum: str | None) -> tuple[bytes, str | None]:
+        """An input object as the spool keeps it: a sealed one opened (AES-GCM verified it),
+        with the digest of its plaintext, so that pass 2 may copy it as it is; the bases it
+        ends up in are sealed again, with the session's newest data key (``_BaseWriter``).
+        The spool is a local temporary file: the compactor's host holds plaintext while it
+        works, as it holds the keys (docs/encryption.md, threat model)."""
+        if not is_sealed(data):
+            return data, checksum
+        plain = self.store.keys.open(key, data)
+        return plain, hashlib.sha256(plain).hexdigest()
+
     def _known_redactions(self, sid: str, inc: str, previous: Manifest | None) -> RedactionIndex | None:
         """The redactions the previous manifest's bases hold; None if it does not say."""
         if previous is None:
@@ -325,9 +338,9 @@ class Compactor:
         for i in range(len(runs) - 1, -1, -1):
             for base in runs[i]:
                 key = str(base["key"])
-                data = self._get(key).data
+                data, checksum = self._opened(key, self._get(key).data, base.get(SHA256))
                 schema = int(base.get("schema", CURRENT_SCHEMA))
-                decoded = decode_object(key, data, base.get(SHA256), schema)
+                decoded = decode_object(key, data, checksum, schema)
                 if len(decoded) != int(base.get("entries") or 0):
                     raise CorruptObjectError(key, 0, f"holds {len(decoded)} entries, the manifest counts {base.get('entries')}")
                 for entry in decoded:
@@ -335,7 +348,7 @@ class Compactor:
                         remaining.discard(entry["id"])
                         oldest = i
                 searched.write(data)
-                found.append(_Source(key, base.get(SHA256), 0, offset, len(data), len(decoded), schema))
+                found.append(_Source(key, checksum, 0, offset, len(data), len(decoded), schema))
                 offset += len(data)
             if not remaining:
                 break
@@ -401,6 +414,7 @@ class Compactor:
 
         def take(key: str, data: bytes, checksum: str | None, seq: int, schema: int) -> int:
             nonlocal offset, entries, last_id, bytes_in
+            data, checksum = self._opened(key, data, checksum)
             decoded = decode_object(key, data, checksum, schema)
             for entry in decoded:
                 redactions.observe(entry)
@@ -574,8 +588,11 @@ def migrate_session(store: SessionStore, session_id: str, **compactor_options: A
 class _BaseWriter:
     """Cuts pass 2's output into base objects of about ``max_base_bytes`` each."""
 
-    def __init__(self, compactor: Compactor, sid: str, inc: str, stem: str) -> None:
+    def __init__(self, compactor: Compactor, sid: str, inc: str, stem: str, *, sealed: bool = False) -> None:
         self._compactor = compactor
+        #: An encrypted session: each base is sealed with the newest data key (listed once).
+        self._sealed = sealed
+        self._newest_checked = False
         self._sid = sid
         self._inc = inc
         self._stem = stem
@@ -599,6 +616,9 @@ class _BaseWriter:
         self._parts.clear()
         store = self._compactor.store
         key = store.layout.base(self._sid, self._inc, f"{self._stem}-{len(self.bases):05d}")
+        if self._sealed:
+            data = store.keys.seal(self._sid, self._inc, data, fresh=not self._newest_checked)
+            self._newest_checked = True
         sha = hashlib.sha256(data).hexdigest()
         try:
             store.options.retry.call(lambda: store.objects.put_if_absent(key, data, {SHA256: sha}))

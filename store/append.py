@@ -54,7 +54,7 @@ from store.errors import (
     SessionStoreError,
     UnknownParentError,
 )
-from store.listing import batch_delta
+from store.listing import summary_delta
 from store.markers import is_marker_batch, refuse_if_trashed
 from store.migrations import CURRENT_SCHEMA
 from store.objects import StoredObject
@@ -102,6 +102,12 @@ class Appender:
         incarnation: str | None, nonce: str,
     ) -> AppendResult:
         ctx = self.ctx
+        # An encrypted session's segment is sealed once per incarnation (the ciphertext is
+        # bound to it), before CHECK: a missing key fails here, having written nothing. A
+        # writer that pauses after this and resumes after a key rotation writes with the
+        # older key, which stays readable (store/keys.py).
+        plain, sealed_for = batch, header.incarnation
+        batch = ctx.keys.seal_batch(header, plain)
         metadata = segment_metadata(nonce, batch.checksum, len(batch.ids))
         rebuilt_for: int | None = None
         rounds = 0
@@ -135,6 +141,10 @@ class Appender:
                 header = self.tail.repair(sid, header, res.code)
                 if incarnation is not None and header.incarnation != incarnation:
                     raise SessionNotFoundError(sid)  # deleted (and created again) meanwhile
+                if header.incarnation != sealed_for:
+                    sealed_for = header.incarnation
+                    batch = ctx.keys.seal_batch(header, plain)
+                    metadata = segment_metadata(nonce, batch.checksum, len(batch.ids))
                 continue
             if res.code == "DUPLICATE":
                 return AppendResult(sid, res.seq, batch.last_id, len(batch.ids))
@@ -239,7 +249,7 @@ class Appender:
                 res = ctx.coord.commit(
                     sid, header.incarnation, n, batch.ids, batch.hashes,
                     size=len(batch.body), own=True,
-                    summary=batch_delta(header.kind, batch.entries),  # the listing's summary
+                    summary=summary_delta(header, batch.entries),  # the listing's summary
                     cache=self._recent(header, batch), cache_cap=ctx.options.recent_cache_bytes,
                     state_ttl_ms=ctx.options.idle_state_ttl_ms,
                 )

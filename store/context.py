@@ -13,6 +13,7 @@ from typing import Any
 
 from coordination.redis import Coordinator
 from store.headers import HeaderStore
+from store.keys import DataKeys
 from store.layout import Layout
 from store.manifest import ManifestStore
 from store.objects import ObjectStore
@@ -29,6 +30,8 @@ class StoreContext:
     manifests: ManifestStore
     #: Parallel GETs of the read path.
     pool: ThreadPoolExecutor
+    #: Sessions' data keys: sealing what is written, opening what is read (store/keys.py).
+    keys: DataKeys
 
     def fault(self, point: str, **ctx: Any) -> None:
         """Named points of the protocols where tests inject crashes, faults and pauses."""

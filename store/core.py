@@ -39,6 +39,7 @@ from store.errors import (
 from store.follow import Follower
 from store.handles import SessionHandle
 from store.headers import HeaderStore, new_header, uuid7
+from store.keys import DataKeys
 from store.layout import Layout, check_layout, check_session_id
 from store.layout_record import decide_layout
 from store.listing import (
@@ -111,8 +112,13 @@ class SessionStore:
         self._pool = ThreadPoolExecutor(
             max_workers=self.options.read_concurrency, thread_name_prefix="sessionstore-read"
         )
+        self.keys = DataKeys(
+            objects, self.layout, retry, self.options.key_provider,
+            ttl_s=self.options.data_key_ttl_s, refresh_s=self.options.data_key_refresh_s,
+        )
         self.ctx = StoreContext(
-            objects, coordinator, self.layout, self.options, self.headers, self.manifests, self._pool
+            objects, coordinator, self.layout, self.options, self.headers, self.manifests, self._pool,
+            self.keys,
         )
         self.reader = Reader(self.ctx)
         self.tail = TailKeeper(self.ctx, self.reader)
@@ -201,12 +207,14 @@ class SessionStore:
         header, so a session that exists always has it."""
         sid = check_session_id(session_id if session_id is not None else uuid7())
         header = new_header(sid, cwd=cwd, pi_header=pi_header, fork=fork, kind=kind, config=config)
-        self._ensure_probed()
-        if retention is not None:
-            if kind != "pi":
-                from store.errors import InvalidRetentionError
+        if retention is not None and kind != "pi":
+            from store.errors import InvalidRetentionError
 
-                raise InvalidRetentionError("a stream has its own TTL (ttl_s, expires_at_ms)")
+            raise InvalidRetentionError("a stream has its own TTL (ttl_s, expires_at_ms)")
+        self._ensure_probed()
+        if self.keys.enabled:
+            header = self._create_data_key(header)
+        if retention is not None:
             self.retention.put(sid, header.incarnation, retention)
         self.headers.create(header)
         try:
@@ -220,6 +228,62 @@ class SessionStore:
         except BackendError as exc:
             log.warning("Redis not told of new session %s (%s): it rebuilds on first use", sid, exc)
         return SessionHandle(self, header)
+
+    def _create_data_key(self, header: Header) -> Header:
+        """The header of an encrypted incarnation, its first data key created first: a
+        header that says "encrypted" always has a key. The key record waits for its header
+        as any object of a header-less incarnation does, and GC removes it a grace period
+        after it first saw it (compactor/gc.py); so the header must follow within that
+        time, or the key record could be collected under it. A create that took longer
+        than half of ``rebuild_max_age_ms`` (which the GC grace exceeds) starts over with a
+        new incarnation instead."""
+        from dataclasses import replace
+
+        from store.crypto import SCHEME
+
+        bound = self.options.rebuild_max_age_ms / 2000
+        while True:
+            started = time.monotonic()
+            self.keys.create(header.session_id, header.incarnation)
+            self.ctx.fault("create.after_data_key", session_id=header.session_id)
+            if time.monotonic() - started <= bound:
+                return replace(header, encryption=SCHEME)
+            header = new_header(
+                header.session_id, cwd=None, pi_header=header.pi_header, fork=header.fork,
+                kind=header.kind, config=header.config,
+            )
+
+    def rotate_data_key(self, session_id: str) -> int:
+        """Give an encrypted session a new data key (the next version) and return it.
+
+        New segments use it: at once in this process, within
+        ``StoreOptions.data_key_refresh_s`` in others; the next compaction re-encrypts the
+        bases it writes with it. Nothing already written changes, and every older version
+        stays (objects name the version they were sealed with), so a writer that paused
+        holding an older key still writes readable segments. To retire a KEK, rotate the
+        KEK (``store.crypto.rotate_keyring``, or KMS), then the data keys: new ones are
+        wrapped by the new KEK. ``InvalidInputError`` for a plaintext session."""
+        sid = check_session_id(session_id)
+        header = self.headers.read(sid)
+        if not header.encryption:
+            raise InvalidInputError(f"session {sid!r} is not encrypted (created without a key provider)")
+        return self.keys.rotate(sid, header.incarnation)
+
+    def shred_keys(self, session_id: str) -> int:
+        """Crypto-shred a session: delete the records of its data keys (every incarnation),
+        so that its objects, wherever copies of them are (old object versions, backups,
+        Redis dumps), are ciphertext nobody can decrypt. Reads of it then fail with
+        ``KeyUnavailableError``. Returns the number of key records deleted.
+
+        This is the erasure command's primitive (docs/encryption.md, "Crypto-shredding"):
+        it does not delete the session; the erasure deletes it afterwards. Caveats: on a
+        versioned bucket, or with backups of the bucket, the key records' old versions
+        survive there too and must be purged (or the bucket's KEK destroyed); other
+        processes keep an unwrapped key in memory for up to ``data_key_ttl_s``; with KMS
+        only wrapped keys are ever stored, so deleting the records is enough as long as
+        the wrapped blobs are not kept elsewhere. Works without a key provider."""
+        sid = check_session_id(session_id)
+        return self.keys.shred(sid)
 
     def get_header(self, session_id: str) -> Header:
         return self.headers.read(check_session_id(session_id))

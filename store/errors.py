@@ -25,6 +25,11 @@ with ``raise ... from exc`` so that the cause stays visible.
     │   ├── NotInTrashError                 restore or purge of a session that is not in the trash
     │   └── SessionHasForksError            purge of a source that live forks still read
     ├── CorruptObjectError                  an object in the bucket is not what the store wrote
+    │   └── DecryptionError                 (also EncryptionError) tampered ciphertext, or the
+    │                                       wrong data key: never returned as garbage
+    ├── EncryptionError                     encryption at rest (store/crypto.py, store/keys.py)
+    │   └── KeyUnavailableError             no key provider, a data key shredded or never made,
+    │                                       a KEK the provider does not hold or cannot use
     ├── IndeterminateError                  outcome unknown; re-sending the same batch is safe
     ├── BackendError
     │   ├── BackendUnavailableError         transient: timeouts, 5xx, connection refused
@@ -232,6 +237,26 @@ class CorruptObjectError(SessionStoreError):
         self.reason = reason
         where = f"line {line}" if line else "object"
         super().__init__(f"corrupt object {key!r}, {where}: {reason}")
+
+
+class EncryptionError(SessionStoreError):
+    """Encryption at rest could not do its part (docs/encryption.md)."""
+
+
+class KeyUnavailableError(EncryptionError):
+    """A key needed to encrypt or decrypt is not available: the store has no key provider
+    and meets an encrypted session, the session's data key record is missing (shredded, see
+    ``SessionStore.shred_keys``), or the provider cannot unwrap it (a KEK it does not hold,
+    the wrong key file, KMS refusing). Nothing was written; nothing readable was returned."""
+
+
+class DecryptionError(EncryptionError, CorruptObjectError):
+    """Ciphertext that does not authenticate under the session's data key: its bytes were
+    altered, moved from another session or incarnation, or the key is not the one it was
+    sealed with. The object is refused whole (it is never returned as garbage)."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        CorruptObjectError.__init__(self, key, 0, reason)
 
 
 class IndeterminateError(SessionStoreError):

@@ -10,6 +10,7 @@ Two layouts; a store (bucket and prefix) uses one for ever, recorded in the stor
     <prefix>sessions/<h>=<sid>/<inc>/seg/<seq:016d>.jsonl       the seq-th committed append batch
     <prefix>sessions/<h>=<sid>/<inc>/manifest/<gen:016d>.json   compaction manifest
     <prefix>sessions/<h>=<sid>/<inc>/base/<unique>.jsonl        compacted base
+    <prefix>sessions/<h>=<sid>/<inc>/keys/<ver:08d>.json        a wrapped data key (store/keys.py)
     <prefix>streams/refs/<h>=<sid>/<inc>/<fork sid>             a fork of a stream's incarnation
     <prefix>retention/<h>=<sid>/<inc>/<version:016d>.json       a session's retention setting
     <prefix>trash/<h>=<sid>/<inc>                               the trash's index entry
@@ -99,15 +100,23 @@ class ParsedKey:
     session_id: str
     #: None for the header.
     incarnation: str | None
-    #: "header", "segment", "manifest", "base", or "other" (a name the store never writes).
+    #: "header", "segment", "manifest", "base", "key" (a wrapped data key), or "other" (a
+    #: name the store never writes).
     kind: str
-    #: The segment's seq or the manifest's generation; a base's generation.
+    #: The segment's seq or the manifest's generation; a base's generation; a key's version.
     number: int | None = None
     #: A base's start time (ms), from its name.
     started_ms: int | None = None
 
 
-_KIND_OF = {"seg": ("segment", ".jsonl"), "manifest": ("manifest", ".json"), "base": ("base", ".jsonl")}
+_KIND_OF = {
+    "seg": ("segment", ".jsonl"),
+    "manifest": ("manifest", ".json"),
+    "base": ("base", ".jsonl"),
+    "keys": ("key", ".json"),
+}
+#: Digits of a data key record's version.
+KEY_VERSION_WIDTH = 8
 
 
 class Layout:
@@ -187,6 +196,13 @@ class Layout:
 
     def base(self, sid: str, inc: str, unique: str) -> str:
         return f"{self.session_prefix(sid)}{inc}/base/{unique}.jsonl"
+
+    def keys_prefix(self, sid: str, inc: str) -> str:
+        """Where an encrypted incarnation's wrapped data keys live (``store/keys.py``)."""
+        return f"{self.session_prefix(sid)}{inc}/keys/"
+
+    def key_record(self, sid: str, inc: str, version: int) -> str:
+        return f"{self.keys_prefix(sid, inc)}{version:0{KEY_VERSION_WIDTH}d}.json"
 
     def stream_refs_prefix(self, sid: str, inc: str) -> str:
         """Where the forks of a stream's incarnation register (``store/streams.py``): one

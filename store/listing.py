@@ -184,6 +184,15 @@ def batch_delta(kind: str, entries: Iterable[dict[str, Any]]) -> SummaryDelta:
     return SummaryDelta(name=name, first=first)
 
 
+def summary_delta(header: Header, entries: Iterable[dict[str, Any]]) -> SummaryDelta:
+    """``batch_delta`` for a session with this header. An encrypted session's summary holds
+    nothing its entries say (no name, no first message): Redis holds no plaintext of it
+    (docs/encryption.md)."""
+    if header.encryption:
+        return SummaryDelta()
+    return batch_delta(header.kind, entries)
+
+
 def summary_fields(header: Header, data: SessionData, updated_ms: int) -> dict[str, str | int]:
     """The summary of a session read from the object store (everything but inc and seq)."""
     fields = header_fields(header)
@@ -194,7 +203,7 @@ def summary_fields(header: Header, data: SessionData, updated_ms: int) -> dict[s
     mark = trash_mark(data.last_entry_id)
     if mark is not None:
         fields["trash"] = mark.purge_after_ms
-    if header.kind == "pi":
+    if header.kind == "pi" and not header.encryption:  # see summary_delta
         entries = data.all_entries
         from store.model.rules import REDACTION_TYPE
 
@@ -408,5 +417,6 @@ __all__ = [
     "SessionPage",
     "all_session_ids",
     "batch_delta",
+    "summary_delta",
     "session_page",
 ]

@@ -217,7 +217,7 @@ class Reader:
                 continue
             key = self.ctx.layout.segment(sid, inc, s)
             done: Future[tuple[Entries, int] | None] = Future()
-            done.set_result((decode_object(key, body, checksum, schema), len(body)))
+            done.set_result((decode_object(key, body, checksum, schema, self.ctx.keys.open), len(body)))
             out[s] = done
         return out
 
@@ -334,7 +334,7 @@ class Reader:
         ctx = self.ctx
         ctx.fault("read.segment", session_id=sid, seq=seq)
         key = ctx.layout.segment(sid, inc, seq)
-        return read_segment(ctx.objects, ctx.options.retry, key, schema)
+        return read_segment(ctx.objects, ctx.options.retry, key, schema, ctx.keys.open)
 
     def _submit_bases(self, manifest: Manifest, fetched: Callable[[], object]) -> list[Future[Entries]]:
         return [self.ctx.pool.submit(self._get_base, b, fetched) for b in manifest.bases]
@@ -355,7 +355,7 @@ class Reader:
         finally:
             if fetched is not None:
                 fetched()
-        return decode_base_object(obj, base)
+        return decode_base_object(obj, base, ctx.keys.open)
 
     def map_own_entries(
         self, sid: str, header: Header, fn: Callable[[dict[str, Any]], T]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from store.entries import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_BATCH_ENTRIES
 from store.retry import DEFAULT_RETRY, RetryPolicy
+
+if TYPE_CHECKING:
+    from store.crypto import KeyProvider
 
 #: Pass as ``expected_tail_entry_id`` to require that the session has no entry yet.
 EMPTY_TAIL = ""
@@ -62,6 +65,10 @@ class Header:
     #: The kind's own settings, fixed at creation (a stream's content type, TTL, fork point,
     #: name). Empty for pi sessions.
     config: dict[str, Any] = field(default_factory=dict)
+    #: The scheme sealing this incarnation's segments and bases (``store.crypto.SCHEME``),
+    #: whose data keys are in its key records (``store/keys.py``); None: plaintext. Fixed
+    #: at creation. Written only when set.
+    encryption: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = self._to_json()
@@ -69,6 +76,8 @@ class Header:
             out["kind"] = self.kind
         if self.config:
             out["config"] = self.config
+        if self.encryption:
+            out["encryption"] = self.encryption
         return out
 
     def _to_json(self) -> dict[str, Any]:
@@ -102,6 +111,7 @@ class Header:
             schema=int(data.get("schema", 1)),
             kind=str(data.get("kind", "pi")),
             config=dict(data.get("config") or {}),
+            encryption=str(data["encryption"]) if data.get("encryption") else None,
         )
 
 
@@ -189,5 +199,16 @@ class StoreOptions:
     #: (to write a store as versions before the record wrote it) and tools. None, the default:
     #: the store's record decides, created on first use (``store/layout_record.py``).
     layout: int | None = None
+    #: Encryption at rest (docs/encryption.md): sessions created while this is set get a
+    #: data key of their own, wrapped by the provider's KEK, and their entries are stored
+    #: sealed (AES-256-GCM). Sessions created without it stay plaintext. A store without a
+    #: provider reads plaintext sessions and refuses encrypted ones (``KeyUnavailableError``).
+    key_provider: KeyProvider | None = field(default=None, compare=False)
+    #: How often (s) a writer checks whether a session's data key was rotated by another
+    #: process; the rotating process and the compactor use the new key at once.
+    data_key_refresh_s: float = 30.0
+    #: How long (s) an unwrapped data key stays in a process's memory after it was
+    #: unwrapped: a shred (``SessionStore.shred_keys``) reaches every process within this.
+    data_key_ttl_s: float = 300.0
     #: Called at named points of the protocols (tests inject crashes and faults here).
     fault_hook: FaultHook | None = field(default=None, compare=False)

@@ -16,14 +16,21 @@ and named by a manifest. Object metadata of a segment:
 
 Bases carry ``sha256`` in their metadata too; their schema and digest are also recorded in
 the manifest that names them (``store/manifest.py``).
+
+An encrypted session's segments and bases are *sealed* (``store/crypto.py``): the body is
+the sealed bytes, and ``sha256`` is of those stored bytes, as for any object (so ``verify``
+and the recent-segments cache check what is stored). A sealed object is opened with the
+data keys (``store/keys.py``, the ``opener`` below) and its plaintext, authenticated by
+AES-GCM, is parsed as a writer encoded it; without keys it is ``KeyUnavailableError``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from store.entries import decode_segment
+from store.crypto import is_sealed, no_keys_open
+from store.entries import decode_authenticated, decode_segment
 from store.errors import ObjectNotFoundError
 from store.migrations import CURRENT_SCHEMA, upgrade
 from store.objects import ObjectStore, StoredObject
@@ -35,6 +42,8 @@ SCHEMA = "schema"
 COUNT = "count"
 
 Entries = list[dict[str, Any]]
+#: Opens a sealed object: ``(key, stored bytes) -> plaintext`` (``DataKeys.open``).
+Opener = Callable[[str, bytes], bytes]
 
 
 def segment_metadata(nonce: str, checksum: str, count: int) -> dict[str, str]:
@@ -48,36 +57,45 @@ def is_ours(obj: StoredObject, nonce: str) -> bool:
 
 
 def decode_object(
-    key: str, data: bytes, checksum: str | None, schema: int = CURRENT_SCHEMA
+    key: str, data: bytes, checksum: str | None, schema: int = CURRENT_SCHEMA,
+    opener: Opener | None = None,
 ) -> Entries:
-    """Entries of a segment or base, verified and lifted from ``schema`` to the current one."""
-    entries = decode_segment(key, data, checksum)
+    """Entries of a segment or base, verified and lifted from ``schema`` to the current one.
+    A sealed object is opened with ``opener`` (none: ``KeyUnavailableError``); AES-GCM
+    verifies it, so ``checksum`` (of the stored bytes) is not needed for it."""
+    if is_sealed(data):
+        entries = decode_authenticated(key, (opener or no_keys_open)(key, data))
+    else:
+        entries = decode_segment(key, data, checksum)
     return entries if schema == CURRENT_SCHEMA else upgrade(entries, schema)
 
 
-def decode_segment_object(obj: StoredObject, default_schema: int = CURRENT_SCHEMA) -> Entries:
+def decode_segment_object(
+    obj: StoredObject, default_schema: int = CURRENT_SCHEMA, opener: Opener | None = None
+) -> Entries:
     """A segment object's entries (``default_schema``: the header's, for segments whose
     metadata does not name one)."""
     written = int(obj.metadata.get(SCHEMA, default_schema))
-    return decode_object(obj.key, obj.data, obj.metadata.get(SHA256), written)
+    return decode_object(obj.key, obj.data, obj.metadata.get(SHA256), written, opener)
 
 
-def decode_base_object(obj: StoredObject, base: Mapping[str, Any]) -> Entries:
+def decode_base_object(obj: StoredObject, base: Mapping[str, Any], opener: Opener | None = None) -> Entries:
     """A base's entries, by what the manifest that names it says (``base``: its entry)."""
     written = int(base.get("schema", CURRENT_SCHEMA))
     checksum = base.get(SHA256) or obj.metadata.get(SHA256)
-    return decode_object(obj.key, obj.data, checksum, written)
+    return decode_object(obj.key, obj.data, checksum, written, opener)
 
 
 def read_segment(
-    objects: ObjectStore, retry: RetryPolicy, key: str, default_schema: int = CURRENT_SCHEMA
+    objects: ObjectStore, retry: RetryPolicy, key: str, default_schema: int = CURRENT_SCHEMA,
+    opener: Opener | None = None,
 ) -> tuple[Entries, int] | None:
     """GET and decode one segment: (entries, size in bytes), or None if it does not exist."""
     try:
         obj = retry.call(lambda: objects.get(key))
     except ObjectNotFoundError:
         return None
-    return decode_segment_object(obj, default_schema), len(obj.data)
+    return decode_segment_object(obj, default_schema, opener), len(obj.data)
 
 
 def contiguous(numbers: Iterable[int], first: int) -> list[int]:
@@ -95,6 +113,7 @@ def contiguous(numbers: Iterable[int], first: int) -> list[int]:
 __all__ = [
     "COUNT",
     "NONCE",
+    "Opener",
     "SCHEMA",
     "SHA256",
     "contiguous",

@@ -772,7 +772,7 @@ class Streams:
         opts, objects, layout = store.options, store.objects, store.layout
 
         def get(seq: int) -> tuple[list[dict[str, Any]], int] | None:
-            return read_segment(objects, opts.retry, layout.segment(sid, inc, seq), st.header.schema)
+            return read_segment(objects, opts.retry, layout.segment(sid, inc, seq), st.header.schema, store.keys.open)
 
         nxt = tail.seq + 1
 
@@ -845,7 +845,7 @@ class Streams:
             inc, opts, objects, layout = tail.inc, store.options, store.objects, store.layout
             prefetch = [
                 store.ctx.pool.submit(
-                    lambda seq=seq: read_segment(objects, opts.retry, layout.segment(sid, inc, seq))
+                    lambda seq=seq: read_segment(objects, opts.retry, layout.segment(sid, inc, seq), opener=store.keys.open)
                 )
                 for seq in range(1, tail.seq + 1)
             ]

@@ -24,7 +24,7 @@ from store.context import StoreContext
 from store.entries import entry_hash
 from store.errors import BackendError, BackendUnavailableError, ObjectNotFoundError
 from store.id_index import CompactedIds
-from store.listing import batch_delta, info_from_fields, last_update_ms, summary_fields
+from store.listing import info_from_fields, summary_delta, last_update_ms, summary_fields
 from store.objects import StoredObject
 from store.read import Reader, SessionData
 from store.records import Header, SessionInfo, TailInfo
@@ -44,12 +44,12 @@ class TailKeeper:
 
     def roll_forward(self, sid: str, header: Header, n: int, obj: StoredObject) -> None:
         """COMMIT another writer's segment n+1 in its place."""
-        entries = decode_segment_object(obj, header.schema)
+        entries = decode_segment_object(obj, header.schema, self.ctx.keys.open)
         ids = [str(e["id"]) for e in entries]
         hashes = [entry_hash(e) for e in entries]
         res = self.ctx.coord.commit(
             sid, header.incarnation, n, ids, hashes, size=len(obj.data),
-            summary=batch_delta(header.kind, entries),
+            summary=summary_delta(header, entries),
             state_ttl_ms=self.ctx.options.idle_state_ttl_ms,
         )
         if res.code in ("HYDRATE", "BEHIND", "INCARNATION", "ZOMBIE"):

@@ -38,4 +38,7 @@ def test_a_readme_python_block_runs_as_written(index: int, tmp_path: Path) -> No
         # The library section: what it prints is what its comments say.
         assert "refused: the tail is u1" in proc.stdout
         assert "'content': 'and now?'" in proc.stdout
+    if "key_provider=" in BLOCKS[index]:
+        # Encryption at rest: no plaintext on disk, and a shredded session is unreadable.
+        assert "my secret\nplaintext on disk: False\nunreadable: data key v1" in proc.stdout
         assert "keeps running" in proc.stderr and "embedded stop" in proc.stderr

@@ -146,3 +146,6 @@ def run(ctx: Context) -> None:
         rc.close()
         raw.close()
     R.details["append"] = details
+    from benchmarks.scenarios import encryption
+
+    encryption.append_cost(ctx)

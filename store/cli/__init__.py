@@ -40,7 +40,7 @@ exit codes: 0 ok, 1 faults found (verify, doctor, demo, import with refused file
 (re-send the same batch), 8 corrupt object, 70 internal error, 130 interrupted.
 
 environment: SESSIONSTORE_OBJECTS_URL, SESSIONSTORE_REDIS_URL, SESSIONSTORE_REDIS_PREFIX,
-SESSIONSTORE_DEBUG=1 (tracebacks). Without them: ./.sessionstore/ and an embedded Redis.
+SESSIONSTORE_KEYS (encryption at rest: file:///keyring.json or kms://KEY), SESSIONSTORE_DEBUG=1 (tracebacks). Without them: ./.sessionstore/ and an embedded Redis.
 """
 
 

@@ -28,6 +28,7 @@ from store.errors import (
     EntryNotFoundError,
     IndeterminateError,
     InvalidInputError,
+    KeyUnavailableError,
     ObjectExistsError,
     ObjectNotFoundError,
     SessionExistsError,
@@ -43,6 +44,8 @@ ENV_OBJECTS = "SESSIONSTORE_OBJECTS_URL"
 ENV_REDIS = "SESSIONSTORE_REDIS_URL"
 ENV_PREFIX = "SESSIONSTORE_REDIS_PREFIX"
 ENV_DEBUG = "SESSIONSTORE_DEBUG"
+#: The key provider of encrypted sessions (``store.crypto.key_provider_from_url``).
+ENV_KEYS = "SESSIONSTORE_KEYS"
 
 
 class Exit(enum.IntEnum):
@@ -102,6 +105,8 @@ def classify(exc: BaseException) -> tuple[Exit, str]:
         return Exit.CONFLICT, msg
     if isinstance(exc, IndeterminateError):
         return Exit.INDETERMINATE, msg
+    if isinstance(exc, KeyUnavailableError):
+        return Exit.REFUSED, msg + f"; {ENV_KEYS} names the key provider (docs/encryption.md)"
     if isinstance(exc, CorruptObjectError):
         return Exit.CORRUPT, msg + "; run `sessionstore verify` for a full report"
     if isinstance(exc, (BackendRefusedError, ConditionalWritesUnsupportedError)):
@@ -261,6 +266,11 @@ def open_store(config: Config, **options: Any) -> Any:
     rebuild_age = os.environ.get("SESSIONSTORE_REBUILD_MAX_AGE_MS")
     if rebuild_age and rebuild_age.isdigit():
         options.setdefault("rebuild_max_age_ms", int(rebuild_age))
+    keys = os.environ.get(ENV_KEYS)
+    if keys and "key_provider" not in options:
+        from store.crypto import key_provider_from_url
+
+        options["key_provider"] = key_provider_from_url(keys)
     try:
         return SessionStore.from_url(config.objects_url, config.redis_url, **options)
     except SessionStoreError:

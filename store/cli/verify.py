@@ -179,7 +179,7 @@ def _sort_listing(
             segments[parsed.number] = key
         elif parsed is not None and parsed.kind == "manifest" and parsed.number is not None:
             manifests[parsed.number] = key
-        elif parsed is None or parsed.kind != "base":
+        elif parsed is None or parsed.kind not in ("base", "key"):
             check.warnings.append(f"unexpected object {key!r}")
     return segments, manifests
 
@@ -238,7 +238,7 @@ def _check_latest(
             check.faults.append(f"manifest {mkey!r} names base {bkey!r}, which does not exist")
             continue
         try:
-            got = decode_base_object(obj, base)
+            got = decode_base_object(obj, base, store.keys.open)
         except CorruptObjectError as exc:
             check.faults.append(str(exc))
             continue
@@ -282,7 +282,7 @@ def _check_segments(
     for s in live:
         obj = _get(store, segments[s])
         try:
-            entries.extend(decode_segment_object(obj, header.schema))
+            entries.extend(decode_segment_object(obj, header.schema, store.keys.open))
         except CorruptObjectError as exc:
             check.faults.append(str(exc))
     check.segments = len(live)
