@@ -272,3 +272,24 @@ def test_an_index_that_loses_keys_is_rebuilt_trimmed(make_store: Callable[..., S
     assert index(store, "l")[0] == 0
     with pytest.raises(IdCollisionError):
         other.append_session_entries("l", [entry(first[5], None, text="reused")])
+
+
+def test_an_encrypted_sessions_compacted_ids_are_read_from_its_sealed_bases(
+    make_store: Callable[..., SessionStore], tmp_path: Any
+) -> None:
+    from store.crypto import LocalKeyFile, create_keyring
+
+    keyring = tmp_path / "keys.json"
+    create_keyring(keyring)
+    store = make_store(compact_after_segments=0, key_provider=LocalKeyFile(keyring))
+    store.create_session("k")
+    first = [entry("k0", None), entry("k1", "k0")]
+    original = store.append_session_entries("k", first)
+    fill(store, "k", 12, batch=3)
+    assert compactor(store).compact_session("k").outcome == "compacted"
+    assert index(store, "k")[0] == 0
+    other = make_store(key_provider=LocalKeyFile(keyring))
+    assert other.append_session_entries("k", first) == original
+    with pytest.raises(IdCollisionError):
+        other.append_session_entries("k", [entry("k1", "k0", text="other")])
+    assert other.append_session_entries("k", [entry("kb", "k0")]).seq == 6

@@ -251,3 +251,31 @@ def test_a_session_in_the_trash_is_erased_too(erasing: tuple[SessionStore, Compa
     assert done["t"].action == "deleted" and done["t"].objects_deleted > 0
     assert scan_for(store, CANARY).clean
     assert [e["id"] for e in store.load_session_entries("u")] == ["u0"]
+
+
+def test_erasing_an_encrypted_session_destroys_its_data_keys(
+    make_store: Callable[..., SessionStore], tmp_path: Any
+) -> None:
+    """With encryption at rest no object or Redis value holds the canary to begin with; an
+    erasure then destroys the session's data keys too (crypto-shredding), so a copy of its
+    objects kept anywhere (a backup, a noncurrent version) is unreadable."""
+    from store.crypto import LocalKeyFile, create_keyring
+    from store.errors import KeyUnavailableError
+
+    keyring = tmp_path / "keys.json"
+    create_keyring(keyring)
+    store = make_store(compact_after_segments=0, key_provider=LocalKeyFile(keyring))
+    store.create_session("e")
+    store.append_session_entries("e", [msg("e0", None, f"secret {CANARY}")])
+    store.append_session_entries("e", [msg("e1", "e0", "more")])
+    assert scan_for(store, CANARY).clean  # ciphertext only
+    inc = store.get_header("e").incarnation
+    kept = {i.key: store.objects.get(i.key) for i in store.objects.list(store.layout.incarnation_prefix("e", inc))}
+    res = erase_sessions(store, ["e"])
+    assert res[0].action == "deleted" and res[0].keys_destroyed
+    assert not list(store.objects.list(store.layout.session_prefix("e")))
+    # A copy of a segment kept elsewhere cannot be read: its data key is gone.
+    segment = next(obj for key, obj in kept.items() if store.layout.parse(key).kind == "segment")
+    other = make_store(key_provider=LocalKeyFile(keyring))
+    with pytest.raises(KeyUnavailableError):
+        other.keys.open(segment.key, segment.data)
