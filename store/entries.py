@@ -29,6 +29,7 @@ from typing import Any, Iterable, Sequence
 import orjson
 
 from store.errors import BatchTooLargeError, CorruptObjectError, InvalidEntryError
+from store.gcpause import collect_young
 from store.model.js_json import decode_json, encode_json
 from store.model.rules import validate_entry
 
@@ -168,6 +169,9 @@ def prepare_batch(
 #: (``hashlib`` releases the GIL on large buffers); smaller ones are not worth a thread.
 _HASH_BESIDE_BYTES = 1 << 20
 
+#: Lines parsed between two ``collect_young`` checks (store/gcpause.py).
+_CHUNK_LINES = 256
+
 
 def decode_segment(key: str, data: bytes, checksum: str | None = None) -> list[dict[str, Any]]:
     """Parse a segment or base object into its entries, refusing anything corrupt."""
@@ -202,7 +206,14 @@ def _parse_lines(data: bytes) -> list[dict[str, Any]] | None:
     lines = data.split(b"\n")
     lines.pop()  # after the final newline (no copy of the whole object to strip it)
     try:
-        values = [loads(line) for line in lines]
+        if len(lines) <= _CHUNK_LINES:
+            values = [loads(line) for line in lines]
+            collect_young()
+        else:
+            values = []
+            for start in range(0, len(lines), _CHUNK_LINES):
+                values += [loads(line) for line in lines[start : start + _CHUNK_LINES]]
+                collect_young()
     except orjson.JSONDecodeError:
         values = _loads_lines_escaped(lines)
     if values and all(type(v) is dict for v in values):

@@ -19,7 +19,6 @@ A fork reads the source's path root..fork point first (``fork_path``).
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import threading
 from concurrent.futures import Future
@@ -35,6 +34,7 @@ from store.errors import (
     ObjectNotFoundError,
     SessionNotFoundError,
 )
+from store.gcpause import gc_paused
 from store.layout import Layout
 from store.manifest import Manifest
 from store.migrations import CURRENT_SCHEMA
@@ -438,35 +438,6 @@ def check_unique_ids(sid: str, inherited: Entries, entries: Entries) -> None:
         if eid in seen:
             raise CorruptObjectError(f"sessions/{sid}", 0, f"entry id {eid!r} appears twice")
         seen.add(eid)
-
-
-_gc_lock = threading.Lock()
-_gc_depth = 0
-_gc_was_enabled = False
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic GC while a read builds many small objects.
-
-    Parsing a large session allocates tens of thousands of dicts, which triggers full
-    collections over the whole heap (70 ms each with a 10k-entry session loaded, measured in
-    benchmarks/). Entries are trees of dicts and lists without cycles, so nothing is lost by
-    collecting once afterwards instead. Reference counting still frees everything as usual.
-    """
-    global _gc_depth, _gc_was_enabled
-    with _gc_lock:
-        if _gc_depth == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_depth += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_depth -= 1
-            if _gc_depth == 0 and _gc_was_enabled:
-                gc.enable()
 
 
 #: Bases at least this large (in all) have the probe wait for their bytes (``_read_once``):
