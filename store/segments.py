@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from store.entries import decode_segment
+from store.entries import EntryIds, decode_segment
 from store.errors import ObjectNotFoundError
 from store.migrations import CURRENT_SCHEMA, upgrade
 from store.objects import ObjectStore, StoredObject
@@ -48,36 +48,41 @@ def is_ours(obj: StoredObject, nonce: str) -> bool:
 
 
 def decode_object(
-    key: str, data: bytes, checksum: str | None, schema: int = CURRENT_SCHEMA
+    key: str, data: bytes, checksum: str | None, schema: int = CURRENT_SCHEMA,
+    ids: EntryIds | None = None,
 ) -> Entries:
-    """Entries of a segment or base, verified and lifted from ``schema`` to the current one."""
-    entries = decode_segment(key, data, checksum)
+    """Entries of a segment or base, verified and lifted from ``schema`` to the current one
+    (``ids``: where to add their ids; migrations keep ids)."""
+    entries = decode_segment(key, data, checksum, ids)
     return entries if schema == CURRENT_SCHEMA else upgrade(entries, schema)
 
 
-def decode_segment_object(obj: StoredObject, default_schema: int = CURRENT_SCHEMA) -> Entries:
+def decode_segment_object(
+    obj: StoredObject, default_schema: int = CURRENT_SCHEMA, ids: EntryIds | None = None
+) -> Entries:
     """A segment object's entries (``default_schema``: the header's, for segments whose
     metadata does not name one)."""
     written = int(obj.metadata.get(SCHEMA, default_schema))
-    return decode_object(obj.key, obj.data, obj.metadata.get(SHA256), written)
+    return decode_object(obj.key, obj.data, obj.metadata.get(SHA256), written, ids)
 
 
-def decode_base_object(obj: StoredObject, base: Mapping[str, Any]) -> Entries:
+def decode_base_object(obj: StoredObject, base: Mapping[str, Any], ids: EntryIds | None = None) -> Entries:
     """A base's entries, by what the manifest that names it says (``base``: its entry)."""
     written = int(base.get("schema", CURRENT_SCHEMA))
     checksum = base.get(SHA256) or obj.metadata.get(SHA256)
-    return decode_object(obj.key, obj.data, checksum, written)
+    return decode_object(obj.key, obj.data, checksum, written, ids)
 
 
 def read_segment(
-    objects: ObjectStore, retry: RetryPolicy, key: str, default_schema: int = CURRENT_SCHEMA
+    objects: ObjectStore, retry: RetryPolicy, key: str, default_schema: int = CURRENT_SCHEMA,
+    ids: EntryIds | None = None,
 ) -> tuple[Entries, int] | None:
     """GET and decode one segment: (entries, size in bytes), or None if it does not exist."""
     try:
         obj = retry.call(lambda: objects.get(key))
     except ObjectNotFoundError:
         return None
-    return decode_segment_object(obj, default_schema), len(obj.data)
+    return decode_segment_object(obj, default_schema, ids), len(obj.data)
 
 
 def contiguous(numbers: Iterable[int], first: int) -> list[int]:
