@@ -22,6 +22,7 @@ from store.object_store import (
     MemoryObjectStore,
     ObjectInfo,
     ObjectStore,
+    Staged,
     StoredObject,
     check_key,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "ObjectStore",
     "S3Config",
     "S3ObjectStore",
+    "Staged",
     "StoredObject",
     "check_key",
     "object_store_from_url",
