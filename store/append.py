@@ -56,7 +56,6 @@ from store.errors import (
 )
 from store.listing import batch_delta
 from store.migrations import CURRENT_SCHEMA
-from store.object_store import Staged
 from store.objects import StoredObject
 from store.read import Reader
 from store.records import AppendResult, Header
@@ -82,14 +81,8 @@ class Appender:
             if header.incarnation != incarnation:
                 raise SessionNotFoundError(sid)
         nonce = uuid.uuid4().hex
-        # The segment's bytes go to the object store now: a backend may write them while
-        # CHECK decides their slot (store/object_store.py, ``stage``).
-        staged = ctx.objects.stage(
-            ctx.layout.segment_prefix(sid, header.incarnation), batch.body,
-            segment_metadata(nonce, batch.checksum, len(batch.ids)),
-        )
         try:
-            return self._append(sid, header, batch, expected, incarnation, nonce, staged)
+            return self._append(sid, header, batch, expected, incarnation, nonce)
         except (ConflictError, IdCollisionError, UnknownParentError):
             raise  # CHECK's refusals: it took us out of the queue itself
         except SessionStoreError:
@@ -102,12 +95,10 @@ class Appender:
                 except BackendError as exc:
                     log.info("claim on %s left to expire: %s", sid, exc)
             raise
-        finally:
-            ctx.objects.release_staged(staged)
 
     def _append(
         self, sid: str, header: Header, batch: PreparedBatch, expected: str | None,
-        incarnation: str | None, nonce: str, staged: Staged,
+        incarnation: str | None, nonce: str,
     ) -> AppendResult:
         ctx = self.ctx
         metadata = segment_metadata(nonce, batch.checksum, len(batch.ids))
@@ -149,7 +140,7 @@ class Appender:
             n = res.seq
             key = ctx.layout.segment(sid, header.incarnation, n + 1)
             ctx.fault("append.before_put", session_id=sid, seq=n + 1)
-            outcome = self._put_segment(key, batch.body, metadata, nonce, staged)
+            outcome = self._put_segment(key, batch.body, metadata, nonce)
             if outcome == "ours":
                 ctx.fault("append.after_put", session_id=sid, seq=n + 1)
                 if self._commit(sid, header, n, batch, key):
@@ -173,13 +164,12 @@ class Appender:
     # --- 3. PUT ------------------------------------------------------------------------------
 
     def _put_segment(
-        self, key: str, body: bytes, metadata: dict[str, str], nonce: str, staged: Staged | None = None
+        self, key: str, body: bytes, metadata: dict[str, str], nonce: str
     ) -> Literal["ours", "gone"] | StoredObject:
-        """PUT a segment (``staged``: the same bytes, staged). Returns "ours", "gone", or the
-        other writer's object."""
+        """PUT a segment. Returns "ours", "gone", or the other writer's object."""
         ctx = self.ctx
         try:
-            attempts = creates.create(ctx.objects, ctx.options.retry, key, body, metadata, staged)
+            attempts = creates.create(ctx.objects, ctx.options.retry, key, body, metadata)
         except BackendUnavailableError as exc:
             return self._put_outcome_unknown(key, nonce, exc)
         if attempts == 0:

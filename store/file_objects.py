@@ -20,9 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import threading
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -35,7 +33,7 @@ from store.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
 )
-from store.object_store import ObjectInfo, ObjectStore, Staged, StoredObject, check_key
+from store.object_store import ObjectInfo, ObjectStore, StoredObject, check_key
 
 _FILE_MAGIC = b"SSOBJ1\n"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -80,10 +78,6 @@ class FileObjectStore(ObjectStore):
         self._fault = fault_hook
         #: Files without a name, linked through /proc (else named temporary files in .tmp/).
         self._unnamed = bool(_O_TMPFILE) and os.path.isdir("/proc/self/fd")
-        #: Writes staged objects (``stage``) beside the caller; made on first use, per process.
-        self._stager: ThreadPoolExecutor | None = None
-        self._stager_pid = 0
-        self._stager_lock = threading.Lock()
 
     # --- keys and directories ------------------------------------------------------------
 
@@ -155,23 +149,15 @@ class FileObjectStore(ObjectStore):
         except OSError as exc:
             raise _os_error(exc, key) from exc
 
-    def _create(self, key: str, parts: list[str], blob: bytes, staged: _FileStaged | None = None) -> None:
-        """Write (unless ``staged`` has, fsynced), link, fsync the directory. ``staged``'s
-        descriptors stay its own (``release_staged`` closes them)."""
+    def _create(self, key: str, parts: list[str], blob: bytes) -> None:
         dirs, name = parts[:-1], parts[-1]
         fd: int | None = None
         tmp: str | None = None
         dfd = -1
-        own_dfd = True
-        if staged is not None:
-            fd, tmp = staged.fd, staged.tmp
-            if staged.dirs == dirs:
-                dfd, own_dfd = staged.dfd, False
         try:
             for round_no in range(_DIR_ROUNDS):
                 try:
-                    if dfd < 0:
-                        dfd, own_dfd = self._open_dir(dirs, create=True), True
+                    dfd = self._open_dir(dirs, create=True)
                     if fd is None:
                         fd, tmp = self._new_file(dfd)
                         _write_all(fd, blob)
@@ -180,8 +166,6 @@ class FileObjectStore(ObjectStore):
                     self._hook("file.put.before_link", key=key, fd=fd, round=round_no)
                     # linkat(AT_SYMLINK_FOLLOW): the /proc link names the open file itself.
                     os.link(tmp or f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
-                    if staged is not None:
-                        staged.spent = True  # one name per file: a retry writes anew
                     break
                 except FileNotFoundError:
                     # A directory on the way was removed since we walked it (a delete of
@@ -189,77 +173,19 @@ class FileObjectStore(ObjectStore):
                     # walk (and create) again. The written file is kept for the next try.
                     if round_no == _DIR_ROUNDS - 1 or (tmp is not None and not os.path.exists(tmp)):
                         raise
-                    if dfd >= 0 and own_dfd:
+                    if dfd >= 0:
                         os.close(dfd)
-                    dfd = -1
+                        dfd = -1
             self._hook("file.put.linked", key=key)
             if self._fsync:
                 os.fsync(dfd)  # the name is durable before the create is acknowledged
         finally:
-            if staged is None:
-                if fd is not None:
-                    os.close(fd)
-                if tmp is not None:
-                    _unlink_quietly(tmp)
-            if dfd >= 0 and own_dfd:
+            if fd is not None:
+                os.close(fd)
+            if tmp is not None:
+                _unlink_quietly(tmp)
+            if dfd >= 0:
                 os.close(dfd)
-
-    # --- staged creates: the bytes written and fsynced while the caller waits on CHECK ---------
-
-    def stage(self, prefix: str, data: bytes, metadata: Mapping[str, str] | None = None) -> Staged:
-        """Start writing the object into a file without a name in ``prefix``'s directory, and
-        fsyncing it, on a thread of this store's; ``put_staged`` then only links it and
-        fsyncs the directory. Durability is the same as ``put_if_absent``'s: the file is
-        fsynced before it gets a name, the directory before the create is acknowledged; a
-        crash before the link leaves nothing (or a stray file in ``.tmp/``)."""
-        dirs = prefix.rstrip("/")
-        try:
-            parts = check_key(dirs).split("/") if dirs else []
-        except InvalidInputError:
-            return Staged(data, metadata)  # put_staged: a plain put_if_absent (and its error)
-        blob = b"".join((_FILE_MAGIC, orjson.dumps(dict(metadata or {})), b"\n", data))
-        staged = _FileStaged(data, metadata, self, parts, blob)
-        staged.ready = self._stage_pool().submit(self._write_staged, staged)
-        return staged
-
-    def _stage_pool(self) -> ThreadPoolExecutor:
-        with self._stager_lock:
-            if self._stager is None or self._stager_pid != os.getpid():  # none after a fork
-                self._stager = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sessionstore-stage")
-                self._stager_pid = os.getpid()
-            return self._stager
-
-    def _write_staged(self, staged: _FileStaged) -> None:
-        staged.dfd = self._open_dir(staged.dirs, create=True)
-        staged.fd, staged.tmp = self._new_file(staged.dfd)
-        _write_all(staged.fd, staged.blob)
-        if self._fsync:
-            os.fsync(staged.fd)  # the bytes are durable before a name points at them
-
-    def put_staged(self, key: str, staged: Staged) -> None:
-        if not (isinstance(staged, _FileStaged) and staged.store is self and staged.written()):
-            # Not staged here, failed to stage (its error comes again, or not), or already
-            # linked once: the whole create.
-            self.put_if_absent(key, staged.data, staged.metadata)
-            return
-        parts = check_key(key).split("/")
-        self._count("put")
-        try:
-            self._create(key, parts, staged.blob, staged)
-        except (FileExistsError, NotADirectoryError):
-            raise ObjectExistsError(key) from None
-        except OSError as exc:
-            raise _os_error(exc, key) from exc
-
-    def release_staged(self, staged: Staged) -> None:
-        if isinstance(staged, _FileStaged):
-            staged.close()
-
-    def close(self) -> None:
-        with self._stager_lock:
-            stager, self._stager = self._stager, None
-        if stager is not None and self._stager_pid == os.getpid():
-            stager.shutdown(wait=True)
 
     def _new_file(self, dfd: int) -> tuple[int, str | None]:
         """A file to write the object into: (fd, None) for a file with no name in the
@@ -396,52 +322,6 @@ class FileObjectStore(ObjectStore):
             except OSError:
                 break
             parent = parent.parent
-
-
-class _FileStaged(Staged):
-    """An object being written (or written) into a file without a name (``stage``)."""
-
-    __slots__ = ("store", "dirs", "blob", "ready", "dfd", "fd", "tmp", "spent")
-
-    def __init__(
-        self, data: bytes, metadata: Mapping[str, str] | None, store: FileObjectStore,
-        dirs: list[str], blob: bytes,
-    ) -> None:
-        super().__init__(data, metadata)
-        self.store = store
-        self.dirs = dirs
-        self.blob = blob
-        self.ready: Future[None] | None = None
-        self.dfd = -1
-        self.fd: int | None = None
-        self.tmp: str | None = None
-        self.spent = False
-
-    def written(self) -> bool:
-        """Wait for the write; True if the file is written, fsynced and not linked yet."""
-        if self.ready is None or self.spent:
-            return False
-        try:
-            self.ready.result()
-        except Exception:  # noqa: BLE001 - put_staged falls back to a whole create
-            return False
-        return self.fd is not None
-
-    def close(self) -> None:
-        if self.ready is not None:
-            try:
-                self.ready.result()  # never close what the writing thread still uses
-            except Exception:  # noqa: BLE001 - whatever it opened is closed below
-                pass
-            self.ready = None
-        fd, tmp, dfd = self.fd, self.tmp, self.dfd
-        self.fd, self.tmp, self.dfd = None, None, -1
-        if fd is not None:
-            os.close(fd)  # a file without a name is gone with its last descriptor
-        if tmp is not None:
-            _unlink_quietly(tmp)
-        if dfd >= 0:
-            os.close(dfd)
 
 
 def _write_all(fd: int, blob: bytes) -> None:

@@ -64,17 +64,6 @@ class StoredObject:
     last_modified_ms: int | None = field(default=None, compare=False)
 
 
-class Staged:
-    """An object's bytes and metadata, handed to the store before its key is known
-    (``ObjectStore.stage``)."""
-
-    __slots__ = ("data", "metadata")
-
-    def __init__(self, data: bytes, metadata: Mapping[str, str] | None) -> None:
-        self.data = data
-        self.metadata = metadata
-
-
 class ObjectStore(ABC):
     """A flat namespace of immutable objects.
 
@@ -144,23 +133,6 @@ class ObjectStore(ABC):
 
     def close(self) -> None:
         pass
-
-    # --- an object staged before its key is known (an append: its slot comes from CHECK) ---
-
-    def stage(self, prefix: str, data: bytes, metadata: Mapping[str, str] | None = None) -> Staged:
-        """Hand over an object that ``put_staged`` will create at a key below ``prefix``
-        that is not known yet. A backend may start writing it now, beside what the caller
-        does meanwhile (``FileObjectStore``: into a file without a name, fsynced); this
-        default only keeps the bytes. ``release_staged`` must follow, created or not."""
-        return Staged(data, metadata)
-
-    def put_staged(self, key: str, staged: Staged) -> None:
-        """``put_if_absent(key, staged.data, staged.metadata)``, with its whole contract; may
-        be called again for another key (when this one was taken) or the same (a retry)."""
-        self.put_if_absent(key, staged.data, staged.metadata)
-
-    def release_staged(self, staged: Staged) -> None:
-        """Drop what ``stage`` holds (never fails; the object, if created, stays)."""
 
     @property
     def identity(self) -> str:

@@ -22,7 +22,6 @@ from store.object_store import (
     MemoryObjectStore,
     ObjectInfo,
     ObjectStore,
-    Staged,
     StoredObject,
     check_key,
 )
@@ -62,7 +61,6 @@ __all__ = [
     "ObjectStore",
     "S3Config",
     "S3ObjectStore",
-    "Staged",
     "StoredObject",
     "check_key",
     "object_store_from_url",

@@ -196,38 +196,6 @@ class ObjectStoreContract:
             objects.put_if_absent(prefix + key if key and not key.startswith("/") else key, b"x")
         assert list(objects.list(prefix)) == []
 
-    def test_a_staged_object_is_created_at_a_key_named_later(self, objects: ObjectStore, prefix: str) -> None:
-        """``stage`` before the key is known (an append's slot, decided by CHECK meanwhile),
-        then ``put_staged``: taken keys are refused as by ``put_if_absent`` and the same
-        staged object goes to the next key; a retry at the key it made meets it."""
-        objects.put_if_absent(f"{prefix}st/seg/1", b"other\n", {"nonce": "o"})
-        staged = objects.stage(f"{prefix}st/seg/", b'{"x":1}\n', {"nonce": "s1"})
-        try:
-            with pytest.raises(ObjectExistsError):
-                objects.put_staged(f"{prefix}st/seg/1", staged)
-            objects.put_staged(f"{prefix}st/seg/2", staged)
-            with pytest.raises(ObjectExistsError):
-                objects.put_staged(f"{prefix}st/seg/2", staged)
-        finally:
-            objects.release_staged(staged)
-        assert objects.get(f"{prefix}st/seg/1").data == b"other\n"
-        obj = objects.get(f"{prefix}st/seg/2")
-        assert obj.data == b'{"x":1}\n' and obj.metadata["nonce"] == "s1"
-        assert [i.key for i in objects.list(f"{prefix}st/")] == [f"{prefix}st/seg/1", f"{prefix}st/seg/2"]
-
-    def test_a_staged_object_goes_below_another_prefix_or_nowhere(self, objects: ObjectStore, prefix: str) -> None:
-        """Staged below one prefix, created below another (the session's incarnation
-        changed meanwhile); staged and released without a create: nothing at all."""
-        staged = objects.stage(f"{prefix}sp/a/seg/", b"moved\n", {"nonce": "m"})
-        try:
-            objects.put_staged(f"{prefix}sp/b/seg/1", staged)
-        finally:
-            objects.release_staged(staged)
-        assert objects.get(f"{prefix}sp/b/seg/1").data == b"moved\n"
-        dropped = objects.stage(f"{prefix}sp/c/seg/", b"dropped\n", {"nonce": "d"})
-        objects.release_staged(dropped)
-        assert [i.key for i in objects.list(f"{prefix}sp/")] == [f"{prefix}sp/b/seg/1"]
-
     def test_request_counter(self, objects: ObjectStore, prefix: str) -> None:
         before = objects.requests["get"]
         objects.put_if_absent(f"{prefix}cnt", b"1")

@@ -68,27 +68,12 @@ class TestFileObjectStore(ObjectStoreContract):
         with pytest.raises(InvalidInputError):
             store.get("link")
 
-    @pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed", "named-temporary"])
-    def test_no_temporary_files_left_behind(self, tmp_path: Path, unnamed: bool) -> None:
+    def test_no_temporary_files_left_behind(self, tmp_path: Path) -> None:
         store = FileObjectStore(tmp_path / "objects")
-        store._unnamed = unnamed
         store.put_if_absent("a/b", b"1")
         with pytest.raises(ObjectExistsError):
             store.put_if_absent("a/b", b"2")
-        for key in ("a/b", "a/c"):  # staged: refused, then created
-            staged = store.stage("a/", b"3")
-            try:
-                if key == "a/b":
-                    with pytest.raises(ObjectExistsError):
-                        store.put_staged(key, staged)
-                else:
-                    store.put_staged(key, staged)
-            finally:
-                store.release_staged(staged)
-        store.release_staged(store.stage("a/", b"4"))  # never created
-        store.close()
         assert list((tmp_path / "objects" / ".tmp").iterdir()) == []
-        assert _files_below(tmp_path / "objects") == ["a/b", "a/c"]
 
     def test_racing_processes_have_one_winner(self, tmp_path: Path) -> None:
         import multiprocessing as mp
@@ -139,9 +124,8 @@ _KEY = "sessions/s1/inc1/seg/000000000001.jsonl"
 _BIG = bytes(range(256)) * (3 << 12)  # 3 MiB, several extents: a torn write would show
 
 
-def _crash_at(root: str, point: str, unnamed: bool, staged: bool = False) -> None:
-    """A process that dies (no cleanup, no flush: ``os._exit``) at ``point`` of a create
-    (``staged``: written ahead by ``stage``, then ``put_staged``)."""
+def _crash_at(root: str, point: str, unnamed: bool) -> None:
+    """A process that dies (no cleanup, no flush: ``os._exit``) at ``point`` of a create."""
 
     def die(reached: str, ctx: dict[str, object]) -> None:
         if reached == point:
@@ -149,10 +133,7 @@ def _crash_at(root: str, point: str, unnamed: bool, staged: bool = False) -> Non
 
     store = FileObjectStore(root, fault_hook=die)
     store._unnamed = unnamed
-    if staged:
-        store.put_staged(_KEY, store.stage(_KEY.rpartition("/")[0] + "/", _BIG, {"nonce": "crashed"}))
-    else:
-        store.put_if_absent(_KEY, _BIG, {"nonce": "crashed"})
+    store.put_if_absent(_KEY, _BIG, {"nonce": "crashed"})
     os._exit(0)  # the crash point was never reached
 
 
@@ -176,15 +157,14 @@ def _read_elsewhere(root: Path, key: str) -> tuple[bytes, dict[str, str]] | None
         proc.join(30)
 
 
-@pytest.mark.parametrize("staged", [False, True], ids=["put", "staged"])
 @pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed", "named-temporary"])
 @pytest.mark.parametrize("point", ["file.put.before_link", "file.put.linked"])
 def test_a_crash_between_the_steps_of_a_create_leaves_nothing_or_everything(
-    tmp_path: Path, point: str, unnamed: bool, staged: bool
+    tmp_path: Path, point: str, unnamed: bool
 ) -> None:
     root = tmp_path / "objects"
     FileObjectStore(root)
-    proc = mp.get_context("spawn").Process(target=_crash_at, args=(str(root), point, unnamed, staged))
+    proc = mp.get_context("spawn").Process(target=_crash_at, args=(str(root), point, unnamed))
     proc.start()
     proc.join(60)
     assert proc.exitcode == 17, "the writer did not reach the fault point"
