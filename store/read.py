@@ -19,7 +19,6 @@ A fork reads the source's path root..fork point first (``fork_path``).
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import threading
 from concurrent.futures import Future
@@ -28,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from coordination.redis import TailState, parse_recent
 from store.context import StoreContext
+from store.entries import EntryIds
 from store.errors import (
     BackendError,
     CorruptObjectError,
@@ -35,6 +35,7 @@ from store.errors import (
     ObjectNotFoundError,
     SessionNotFoundError,
 )
+from store.gcpause import gc_paused
 from store.layout import Layout
 from store.manifest import Manifest
 from store.migrations import CURRENT_SCHEMA
@@ -138,6 +139,7 @@ class Reader:
             state = self._tail(sid)
         hint = state if use_hint and state is not None and state.inc == inc else None
         pool = ctx.pool
+        ids = EntryIds()  # every entry's id, as the decoders parse them (check_unique_ids)
         # The newest manifest: the one Redis names (parsed once per process, or fetched in
         # the round below), else one LIST and a GET. Redis names it only as a hint: every
         # object it leads to is verified, and the end of the read is checked after the fact.
@@ -163,15 +165,15 @@ class Reader:
         # The probe past the known tail goes out in the same round, except beside large
         # bases: then it waits until their bytes have arrived, and its round trip hides
         # behind their parse instead of competing with their transfer.
-        probing = _Once(lambda: pool.submit(self._get_segment, sid, inc, last_known + 1, header.schema))
+        probing = _Once(lambda: pool.submit(self._get_segment, sid, inc, last_known + 1, header.schema, ids))
         bases: list[Future[Entries]] = []
         if manifest is not None:
-            bases = self._submit_bases(manifest, probing)
+            bases = self._submit_bases(manifest, probing, ids)
         if manifest is None or sum(int(b.get("bytes") or 0) for b in manifest.bases) < _PROBE_AFTER_BYTES:
             probing()
-        cached = self._recent_segments(sid, inc, known, hint)
+        cached = self._recent_segments(sid, inc, known, hint, ids)
         segments = {
-            s: cached[s] if s in cached else pool.submit(self._get_segment, sid, inc, s, header.schema)
+            s: cached[s] if s in cached else pool.submit(self._get_segment, sid, inc, s, header.schema, ids)
             for s in known
         }
         if fetching is not None:
@@ -181,14 +183,14 @@ class Reader:
                 # names: read it the long way.
                 _drain(segments.values(), probing())
                 raise SegmentRetired()
-            bases = self._submit_bases(manifest, probing)
+            bases = self._submit_bases(manifest, probing, ids)
         entries, seqs = self._base_entries(manifest, bases)
         seq, tail_bytes = self._take_segments(known, segments, entries, seqs, first - 1)
-        seq, tail_bytes = self._probe(sid, inc, header.schema, probing(), entries, seqs, seq, tail_bytes)
+        seq, tail_bytes = self._probe(sid, inc, header.schema, probing(), entries, seqs, seq, tail_bytes, ids)
         ctx.fault("read.before_manifest_check", session_id=sid)
         if not self._end_is_true(sid, inc, manifest, seq + 1, redis_ok=hint is not None):
             raise SegmentRetired()
-        check_unique_ids(sid, inherited, entries)
+        check_unique_ids(sid, inherited, entries, ids)
         return SessionData(header, inherited, entries, seqs, seq, manifest, tail_bytes)
 
     def _tail(self, sid: str) -> TailState | None:
@@ -198,7 +200,7 @@ class Reader:
             return None
 
     def _recent_segments(
-        self, sid: str, inc: str, known: list[int], hint: TailState | None
+        self, sid: str, inc: str, known: list[int], hint: TailState | None, ids: EntryIds
     ) -> dict[int, Future[tuple[Entries, int] | None]]:
         """The known segments Redis's recent-segments cache holds, decoded, as completed
         futures. A cached value is used only if it names our incarnation and its bytes match
@@ -217,7 +219,7 @@ class Reader:
                 continue
             key = self.ctx.layout.segment(sid, inc, s)
             done: Future[tuple[Entries, int] | None] = Future()
-            done.set_result((decode_object(key, body, checksum, schema, self.ctx.keys.open), len(body)))
+            done.set_result((decode_object(key, body, checksum, schema, self.ctx.keys.open, ids), len(body)))
             out[s] = done
         return out
 
@@ -305,46 +307,52 @@ class Reader:
         seqs: list[int],
         seq: int,
         tail_bytes: int,
+        ids: EntryIds,
     ) -> tuple[int, int]:
         """Segments past the known tail: writers that died before telling Redis."""
         got = first.result()
         if got is None:
             return seq, tail_bytes
-        for seq, (seg_entries, size) in self._segments_from(sid, inc, schema, seq + 1, got):
+        for seq, (seg_entries, size) in self._segments_from(sid, inc, schema, seq + 1, got, ids):
             entries.extend(seg_entries)
             seqs.extend([seq] * len(seg_entries))
             tail_bytes += size
         return seq, tail_bytes
 
     def _segments_from(
-        self, sid: str, inc: str, schema: int, seq: int, first: tuple[Entries, int] | None = None
+        self, sid: str, inc: str, schema: int, seq: int, first: tuple[Entries, int] | None = None,
+        ids: EntryIds | None = None,
     ) -> Iterator[tuple[int, tuple[Entries, int]]]:
         """Segments ``seq``, ``seq + 1``, ... one GET at a time, until the first 404 (the
         caller decides whether to trust it: ``ManifestStore.newer_exists``). ``first``: the
         segment ``seq`` already fetched."""
-        got = first if first is not None else self._get_segment(sid, inc, seq, schema)
+        got = first if first is not None else self._get_segment(sid, inc, seq, schema, ids)
         while got is not None:
             yield seq, got
             seq += 1
-            got = self._get_segment(sid, inc, seq, schema)
+            got = self._get_segment(sid, inc, seq, schema, ids)
 
     def _get_segment(
-        self, sid: str, inc: str, seq: int, schema: int = CURRENT_SCHEMA
+        self, sid: str, inc: str, seq: int, schema: int = CURRENT_SCHEMA, ids: EntryIds | None = None
     ) -> tuple[Entries, int] | None:
         ctx = self.ctx
         ctx.fault("read.segment", session_id=sid, seq=seq)
         key = ctx.layout.segment(sid, inc, seq)
-        return read_segment(ctx.objects, ctx.options.retry, key, schema, ctx.keys.open)
+        return read_segment(ctx.objects, ctx.options.retry, key, schema, ctx.keys.open, ids)
 
-    def _submit_bases(self, manifest: Manifest, fetched: Callable[[], object]) -> list[Future[Entries]]:
-        return [self.ctx.pool.submit(self._get_base, b, fetched) for b in manifest.bases]
+    def _submit_bases(
+        self, manifest: Manifest, fetched: Callable[[], object], ids: EntryIds
+    ) -> list[Future[Entries]]:
+        return [self.ctx.pool.submit(self._get_base, b, fetched, ids) for b in manifest.bases]
 
     def base_entries(self, base: dict[str, Any]) -> Entries:
         """A base's entries (``base``: its record in a manifest); ``SegmentRetired`` if it
         is gone (merged into a newer manifest's bases and deleted)."""
         return self._get_base(base)
 
-    def _get_base(self, base: dict[str, Any], fetched: Callable[[], object] | None = None) -> Entries:
+    def _get_base(
+        self, base: dict[str, Any], fetched: Callable[[], object] | None = None, ids: EntryIds | None = None
+    ) -> Entries:
         """A base's entries; ``fetched`` is called once its bytes are here, before the parse."""
         ctx = self.ctx
         key = str(base["key"])
@@ -355,7 +363,7 @@ class Reader:
         finally:
             if fetched is not None:
                 fetched()
-        return decode_base_object(obj, base, ctx.keys.open)
+        return decode_base_object(obj, base, ctx.keys.open, ids)
 
     def map_own_entries(
         self, sid: str, header: Header, fn: Callable[[dict[str, Any]], T]
@@ -433,7 +441,16 @@ class Reader:
         return path
 
 
-def check_unique_ids(sid: str, inherited: Entries, entries: Entries) -> None:
+def check_unique_ids(
+    sid: str, inherited: Entries, entries: Entries, decoded: EntryIds | None = None
+) -> None:
+    """No id twice among ``inherited`` + ``entries``. ``decoded``: the ids of ``entries`` as
+    their decoders gathered them (while each chunk was in the caches); when it holds exactly
+    as many distinct ids as there are entries, the entries are not touched again."""
+    if decoded is not None and decoded.distinct(len(entries)):
+        own = [e["id"] for e in inherited]
+        if len(set(own)) == len(own) and decoded.isdisjoint(own):
+            return
     ids = [e["id"] for e in inherited]
     ids += [e["id"] for e in entries]
     if len(set(ids)) == len(ids):
@@ -443,35 +460,6 @@ def check_unique_ids(sid: str, inherited: Entries, entries: Entries) -> None:
         if eid in seen:
             raise CorruptObjectError(f"sessions/{sid}", 0, f"entry id {eid!r} appears twice")
         seen.add(eid)
-
-
-_gc_lock = threading.Lock()
-_gc_depth = 0
-_gc_was_enabled = False
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic GC while a read builds many small objects.
-
-    Parsing a large session allocates tens of thousands of dicts, which triggers full
-    collections over the whole heap (70 ms each with a 10k-entry session loaded, measured in
-    benchmarks/). Entries are trees of dicts and lists without cycles, so nothing is lost by
-    collecting once afterwards instead. Reference counting still frees everything as usual.
-    """
-    global _gc_depth, _gc_was_enabled
-    with _gc_lock:
-        if _gc_depth == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_depth += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_depth -= 1
-            if _gc_depth == 0 and _gc_was_enabled:
-                gc.enable()
 
 
 #: Bases at least this large (in all) have the probe wait for their bytes (``_read_once``):

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from store.crypto import is_sealed, no_keys_open
-from store.entries import decode_authenticated, decode_segment
+from store.entries import EntryIds, decode_authenticated, decode_segment
 from store.errors import ObjectNotFoundError
 from store.migrations import CURRENT_SCHEMA, upgrade
 from store.objects import ObjectStore, StoredObject
@@ -58,44 +58,48 @@ def is_ours(obj: StoredObject, nonce: str) -> bool:
 
 def decode_object(
     key: str, data: bytes, checksum: str | None, schema: int = CURRENT_SCHEMA,
-    opener: Opener | None = None,
+    opener: Opener | None = None, ids: EntryIds | None = None,
 ) -> Entries:
     """Entries of a segment or base, verified and lifted from ``schema`` to the current one.
     A sealed object is opened with ``opener`` (none: ``KeyUnavailableError``); AES-GCM
-    verifies it, so ``checksum`` (of the stored bytes) is not needed for it."""
+    verifies it, so ``checksum`` (of the stored bytes) is not needed for it. ``ids``: where
+    to add their ids (migrations keep ids)."""
     if is_sealed(data):
-        entries = decode_authenticated(key, (opener or no_keys_open)(key, data))
+        entries = decode_authenticated(key, (opener or no_keys_open)(key, data), ids)
     else:
-        entries = decode_segment(key, data, checksum)
+        entries = decode_segment(key, data, checksum, ids)
     return entries if schema == CURRENT_SCHEMA else upgrade(entries, schema)
 
 
 def decode_segment_object(
-    obj: StoredObject, default_schema: int = CURRENT_SCHEMA, opener: Opener | None = None
+    obj: StoredObject, default_schema: int = CURRENT_SCHEMA, opener: Opener | None = None,
+    ids: EntryIds | None = None,
 ) -> Entries:
     """A segment object's entries (``default_schema``: the header's, for segments whose
     metadata does not name one)."""
     written = int(obj.metadata.get(SCHEMA, default_schema))
-    return decode_object(obj.key, obj.data, obj.metadata.get(SHA256), written, opener)
+    return decode_object(obj.key, obj.data, obj.metadata.get(SHA256), written, opener, ids)
 
 
-def decode_base_object(obj: StoredObject, base: Mapping[str, Any], opener: Opener | None = None) -> Entries:
+def decode_base_object(
+    obj: StoredObject, base: Mapping[str, Any], opener: Opener | None = None, ids: EntryIds | None = None
+) -> Entries:
     """A base's entries, by what the manifest that names it says (``base``: its entry)."""
     written = int(base.get("schema", CURRENT_SCHEMA))
     checksum = base.get(SHA256) or obj.metadata.get(SHA256)
-    return decode_object(obj.key, obj.data, checksum, written, opener)
+    return decode_object(obj.key, obj.data, checksum, written, opener, ids)
 
 
 def read_segment(
     objects: ObjectStore, retry: RetryPolicy, key: str, default_schema: int = CURRENT_SCHEMA,
-    opener: Opener | None = None,
+    opener: Opener | None = None, ids: EntryIds | None = None,
 ) -> tuple[Entries, int] | None:
     """GET and decode one segment: (entries, size in bytes), or None if it does not exist."""
     try:
         obj = retry.call(lambda: objects.get(key))
     except ObjectNotFoundError:
         return None
-    return decode_segment_object(obj, default_schema, opener), len(obj.data)
+    return decode_segment_object(obj, default_schema, opener, ids), len(obj.data)
 
 
 def contiguous(numbers: Iterable[int], first: int) -> list[int]:

@@ -202,3 +202,31 @@ def test_beside_a_large_base_the_probe_waits_for_its_bytes_and_the_base_is_verif
     client.put_object(Bucket=s3_location.bucket, Key=base["key"], Body=altered)
     with pytest.raises(CorruptObjectError, match="checksum mismatch"):
         make_store().load_session_entries("L")
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["small", "hashed-beside"])
+def test_an_id_that_appears_twice_is_refused_even_when_every_object_verifies(
+    make_store: Callable[..., SessionStore], big: bool,
+) -> None:
+    """The decoders gather the ids while they parse (store/entries.py, ``EntryIds``); a
+    duplicate across objects, each with a valid digest, still fails the read."""
+    import hashlib
+
+    import orjson
+
+    from store.errors import CorruptObjectError
+    from store.segments import segment_metadata
+
+    writer = make_store()
+    writer.create_session("d")
+    fill(writer, "d", 3, size=1_100_000 if big else 40)  # 3 segments: e0 e1 e2
+    inc = writer.get_header("d").incarnation
+    # Segment 4, past the tail Redis knows (a writer that died before telling it): the probe
+    # reads it. Its one entry repeats e0's id.
+    body = orjson.dumps(entry("e0", "e2")) + b"\n"
+    writer.objects.put_if_absent(
+        writer.layout.segment("d", inc, 4), body,
+        segment_metadata("n", hashlib.sha256(body).hexdigest(), 1),
+    )
+    with pytest.raises(CorruptObjectError, match="'e0' appears twice"):
+        make_store().load_session_entries("d")
