@@ -226,10 +226,20 @@ def decode_segment(
             if digest != [checksum]:
                 parsed = None
         if parsed is not None:
-            values, seen = parsed
-            if ids is not None:
-                ids.add(seen, len(values))
-            return values
+            return _noted(parsed, ids)
+    return _strict_noted(key, data, checksum, ids)
+
+
+def _noted(parsed: tuple[list[dict[str, Any]], set[Any]], ids: EntryIds | None) -> list[dict[str, Any]]:
+    """The fast parse's values, their ids added to ``ids`` (if any)."""
+    values, seen = parsed
+    if ids is not None:
+        ids.add(seen, len(values))
+    return values
+
+
+def _strict_noted(key: str, data: bytes, checksum: str | None, ids: EntryIds | None) -> list[dict[str, Any]]:
+    """The strict decoder's values, their ids added to ``ids`` (if any)."""
     values = _decode_strict(key, data, checksum)
     if ids is not None:
         ids.add({v["id"] for v in values}, len(values))
@@ -245,14 +255,8 @@ def decode_authenticated(key: str, data: bytes, ids: EntryIds | None = None) -> 
     if data.endswith(b"\n"):
         parsed = _parse_lines(data, ids is not None)
         if parsed is not None:
-            values, seen = parsed
-            if ids is not None:
-                ids.add(seen, len(values))
-            return values
-    values = _decode_strict(key, data, None)
-    if ids is not None:
-        ids.add({v["id"] for v in values}, len(values))
-    return values
+            return _noted(parsed, ids)
+    return _strict_noted(key, data, None, ids)
 
 
 def _parse_lines(data: bytes, want_ids: bool = False) -> tuple[list[dict[str, Any]], set[Any]] | None:

@@ -360,3 +360,17 @@ def human_age(ms: int | None, now_ms: int) -> str:
     if s < 86400:
         return f"{s // 3600}h ago"
     return f"{s // 86400}d ago"
+
+
+def parse_time_ms(text: str) -> int | None:
+    """Epoch milliseconds, or an ISO 8601 time (``2026-11-22T10:00:00Z``; UTC when it names no
+    zone); None if ``text`` is neither (the caller raises its own error)."""
+    if text.isdigit():
+        return int(text)
+    from datetime import UTC, datetime
+
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() * 1000)

@@ -7,7 +7,7 @@ import argparse
 import re
 from typing import Any
 
-from store.cli.common import CliError, Exit, dump_json, err, iso_of_ms, out
+from store.cli.common import CliError, Exit, dump_json, err, iso_of_ms, out, parse_time_ms
 from store.cli.ctx import Ctx
 from store.clock import now_ms
 from store.errors import InvalidRetentionError, NotInTrashError
@@ -27,16 +27,10 @@ def duration_ms(text: str) -> int:
 
 
 def _time_ms(text: str) -> int:
-    """Epoch milliseconds, or an ISO 8601 time (``2026-11-22T10:00:00Z``)."""
-    if text.isdigit():
-        return int(text)
-    from datetime import UTC, datetime
-
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidRetentionError(f"not a time: {text!r} (ISO 8601 or epoch ms)") from None
-    return int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() * 1000)
+    when = parse_time_ms(text)
+    if when is None:
+        raise InvalidRetentionError(f"not a time: {text!r} (ISO 8601 or epoch ms)")
+    return when
 
 
 def _retention_dict(r: Retention | None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from store.cli.common import (
     is_tty,
     iso_of_ms,
     out,
+    parse_time_ms,
     read_jsonl,
 )
 from store.cli.ctx import Ctx, now_ms
@@ -191,18 +192,10 @@ def _listing_filter(args: argparse.Namespace) -> SessionFilter:
 
 
 def _time_ms(text: str) -> int:
-    """Epoch milliseconds, or an ISO 8601 time (``2026-11-22T10:00:00Z``)."""
-    if text.isdigit():
-        return int(text)
-    from datetime import UTC, datetime
-
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise CliError(f"--since {text!r}: not epoch milliseconds or an ISO 8601 time", Exit.USAGE) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)  # a time without a zone is UTC
-    return int(when.timestamp() * 1000)
+    when = parse_time_ms(text)
+    if when is None:
+        raise CliError(f"--since {text!r}: not epoch milliseconds or an ISO 8601 time", Exit.USAGE)
+    return when
 
 
 def cmd_ls(args: argparse.Namespace, ctx: Ctx) -> int:
