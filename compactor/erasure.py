@@ -17,8 +17,8 @@ Two ways to erase, and one way to check:
   redaction drops the listing's summary in Redis (it may quote the session's first message)
   and compaction drops the recent-segments cache of what it merged, so no Redis value holds
   the content either.
-- :func:`scan_for`: a byte scan of every object of the store (raw GETs) and of every Redis
-  key under its prefix (every value of every type), for the needle. ``sessionstore verify
+- :func:`scan_for`: a byte scan of every object of the store (raw GETs, every key under the
+  store's root prefix) and of every Redis key under its prefix (every value of every type), for the needle. ``sessionstore verify
   --canary TEXT`` runs it: the proof an erasure request asks for.
 
 What an erasure covers is what was committed before it started. A writer paused before the
@@ -220,7 +220,9 @@ def scan_for(store: SessionStore, needle: str | bytes, *, parallel: int = 8) -> 
     """Every object of the store and every Redis key under its prefix, searched for
     ``needle`` (as UTF-8 bytes, and as JSON escapes it to when it holds non-ASCII text)."""
     forms = _forms(needle)
-    objects = store.options.retry.call(lambda: [i.key for i in store.objects.list("")])
+    # The store's own keys: under its root prefix (a bucket may hold other stores too).
+    root = store.layout.prefix
+    objects = store.options.retry.call(lambda: [i.key for i in store.objects.list(root)])
     hits: list[Hit] = []
     vanished = 0
 

@@ -51,7 +51,7 @@ def populate(store: SessionStore, compactor: Compactor) -> None:
 
 
 def snapshot(store: SessionStore) -> tuple[dict[str, bytes], dict[bytes, Any]]:
-    objects = {i.key: store.objects.get(i.key).data for i in store.objects.list("")}
+    objects = {i.key: store.objects.get(i.key).data for i in store.objects.list(store.layout.prefix)}
     client = store.coord.client
     redis: dict[bytes, Any] = {}
     for key in client.scan_iter(match=f"{store.coord.keys.prefix}:*"):
