@@ -212,11 +212,21 @@ class SessionStore:
 
             raise InvalidRetentionError("a stream has its own TTL (ttl_s, expires_at_ms)")
         self._ensure_probed()
-        if self.keys.enabled:
-            header = self._create_data_key(header)
-        if retention is not None:
-            self.retention.put(sid, header.incarnation, retention)
-        self.headers.create(header)
+        while True:
+            if self.keys.enabled:
+                header = self._create_data_key(header)
+            if retention is not None:
+                self.retention.put(sid, header.incarnation, retention)
+            self.ctx.fault("create.before_header", session_id=sid, incarnation=header.incarnation)
+            self.headers.create(header)
+            if not header.encryption or self.keys.has_record(sid, header.incarnation, 1):
+                break
+            # Paused between the data key and the header for longer than the GC grace: the
+            # key record, header-less meanwhile, was collected, and this incarnation could
+            # never be read. Withdraw it (this process's own header) and start over.
+            log.warning("data key of new session %s collected before its header: created again", sid)
+            self.delete_session(sid, incarnation=header.incarnation)
+            header = new_header(sid, cwd=cwd, pi_header=pi_header, fork=fork, kind=kind, config=config)
         try:
             if fork is None:
                 # A new session is known to be empty: say so now, or the first append would

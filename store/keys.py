@@ -247,6 +247,10 @@ class DataKeys:
             self._newest[(sid, inc)] = (version, self.clock())
         return version
 
+    def has_record(self, sid: str, inc: str, version: int) -> bool:
+        """Does the key record of this version exist (one HEAD)?"""
+        return self._exists(self.layout.key_record(sid, inc, version))
+
     def _exists(self, key: str) -> bool:
         return self.retry.call(lambda: self.objects.head(key)) is not None
 

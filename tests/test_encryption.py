@@ -485,3 +485,27 @@ def test_kms_provider_against_moto_kms(
     rotated.shred_keys(sid)
     with pytest.raises(KeyUnavailableError):
         make_store(key_provider=provider).load_session_entries(sid)
+
+
+def test_a_create_paused_before_its_header_past_the_gc_grace_never_leaves_a_keyless_session(
+    make_store: Callable[..., SessionStore], keyring: Path
+) -> None:
+    """The creator writes the session's data key, passes its own time check, then pauses
+    before the header for longer than GC's grace: GC collects the header-less key record
+    (done here by deleting it, as GC does). The header then lands on an incarnation without
+    a key. The creator finds the key gone after its header, withdraws that incarnation and
+    creates the session again: what it returns is readable."""
+    seen: list[str] = []
+
+    def hook(point: str, ctx: dict[str, Any]) -> None:
+        if point == "create.before_header" and not seen:
+            seen.append(ctx["incarnation"])
+            store.objects.delete(store.layout.key_record(ctx["session_id"], ctx["incarnation"], 1))
+
+    store = make_store(key_provider=LocalKeyFile(keyring), fault_hook=hook)
+    handle = store.create_session("late")
+    assert seen and handle.header.incarnation != seen[0]
+    store.append_session_entries("late", [msg("l0", None, "readable")])
+    fresh = make_store(key_provider=LocalKeyFile(keyring))
+    assert [e["id"] for e in fresh.load_session_entries("late")] == ["l0"]
+    assert not list(store.objects.list(store.layout.incarnation_prefix("late", seen[0])))
