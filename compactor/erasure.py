@@ -205,9 +205,7 @@ def erase_matching(
         if dry_run:
             out.append(Erased(sid, "would redact", entries=tuple(matching), notes=tuple(notes)))
             continue
-        last_seq = 0
-        for eid in matching:
-            last_seq = store.redact(sid, eid, ERASURE_REASON).seq
+        last_seq = store.redact_entries(sid, matching, ERASURE_REASON).seq
         purged = purge_now(compactor, sid, through_seq=last_seq)
         out.append(Erased(sid, "redacted", entries=tuple(matching),
                           objects_deleted=len(purged.deleted), notes=tuple(notes)))

@@ -588,36 +588,48 @@ class SessionStore:
         label in pi). Readers see the target as a tombstone (id, parentId, type, timestamp
         kept, so the tree stays whole) and the context leaves it out.
         """
+        return self.redact_entries(session_id, [entry_id], reason)
+
+    def redact_entries(self, session_id: str, entry_ids: list[str], reason: str) -> AppendResult:
+        """``redact`` of several entries at once: one batch of redactions, chained after the
+        tail (the same entries as that many ``redact`` calls in a row), one read and one
+        append. Nothing is appended if any target is unknown or is a redaction."""
         from store.model.rules import REDACTION_TYPE
 
         if not isinstance(reason, str):
             raise InvalidInputError("reason must be a string")
+        if not entry_ids or not all(isinstance(e, str) for e in entry_ids):
+            raise InvalidInputError("name at least one entry id to redact")
         sid = check_session_id(session_id)
         data = self.read_session(sid)
         entries = data.all_entries
-        target = next((e for e in entries if e["id"] == entry_id), None)
-        if target is None:
-            raise EntryNotFoundError(sid, entry_id)
-        if target.get("type") == REDACTION_TYPE:
-            raise InvalidInputError("a redaction cannot be redacted")
+        by_id = {e["id"]: e for e in entries}
+        for entry_id in entry_ids:
+            target = by_id.get(entry_id)
+            if target is None:
+                raise EntryNotFoundError(sid, entry_id)
+            if target.get("type") == REDACTION_TYPE:
+                raise InvalidInputError("a redaction cannot be redacted")
         from store.manager import new_entry_id
 
+        taken = set(by_id)
+        batch: list[dict[str, Any]] = []
+        for entry_id in entry_ids:
+            rid = new_entry_id(taken)
+            taken.add(rid)
+            batch.append({"type": REDACTION_TYPE, "id": rid, "parentId": None, "timestamp": iso_now(),
+                          "targetId": entry_id, "reason": reason})
         tail = data.last_entry_id or None
-        entry = {
-            "type": REDACTION_TYPE,
-            "id": new_entry_id({e["id"] for e in entries}),
-            "parentId": tail,
-            "timestamp": iso_now(),
-            "targetId": entry_id,
-            "reason": reason,
-        }
-        # Strict on the tail: the redaction must hang off the entry it was computed from.
+        # Strict on the tail: the redactions must hang off the entry they were computed from.
         for _ in range(self.options.max_rounds):
+            parent = tail
+            for entry in batch:
+                entry["parentId"] = parent
+                parent = entry["id"]
             try:
-                return self.append_session_entries(sid, [entry], tail or EMPTY_TAIL)
+                return self.append_session_entries(sid, batch, tail or EMPTY_TAIL)
             except ConflictError as exc:
                 tail = exc.actual_tail_entry_id or None
-                entry["parentId"] = tail
         raise ContentionError(f"session {sid!r}: redaction lost every round to other writers")
 
     def import_pi_session(

@@ -279,3 +279,23 @@ def test_erasing_an_encrypted_session_destroys_its_data_keys(
     other = make_store(key_provider=LocalKeyFile(keyring))
     with pytest.raises(KeyUnavailableError):
         other.keys.open(segment.key, segment.data)
+
+
+def test_redacting_several_entries_is_one_batch_or_nothing(erasing: tuple[SessionStore, Compactor]) -> None:
+    from store.errors import EntryNotFoundError
+
+    store, _ = erasing
+    store.create_session("r")
+    for i in range(4):
+        store.append_session_entries("r", [msg(f"r{i}", f"r{i - 1}" if i else None, f"text {i}")])
+    tail = store.get_tail("r")
+    with pytest.raises(EntryNotFoundError):
+        store.redact_entries("r", ["r1", "nope"], "x")
+    assert store.get_tail("r") == tail  # nothing appended
+    res = store.redact_entries("r", ["r1", "r3"], "erasure request")
+    assert res.seq == tail.seq + 1 and res.appended_count == 2  # one segment
+    entries = store.load_session_entries("r")
+    redactions = [e for e in entries if e["type"] == "redaction"]
+    assert [e["targetId"] for e in redactions] == ["r1", "r3"]
+    assert redactions[0]["parentId"] == "r3" and redactions[1]["parentId"] == redactions[0]["id"]
+    assert "content" not in str({e["id"]: e for e in entries}["r1"].get("message", {}))
