@@ -4,8 +4,9 @@ what was removed, and prove it is gone.
 Two ways to erase, and one way to check:
 
 - :func:`erase_sessions`: whole sessions. The store's delete (``SessionStore.delete_session``):
-  the header first, then every Redis key of the session, then every object of every
-  incarnation. With encryption at rest, the session's data keys are destroyed too
+  the header first, then every Redis key of the session, then every object of its
+  incarnation; then what is left of its other incarnations (each fenced first, so that a
+  life of the same id being created meanwhile is never touched: store/incarnations.py). With encryption at rest, the session's data keys are destroyed too
   (crypto-shredding), so a copy of an object kept elsewhere (a backup, a noncurrent version)
   is ciphertext nobody can read.
 - :func:`erase_matching`: the entries that mention a subject (a name, an e-mail address, a
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from compactor.purge import purge_now
+from store import incarnations
 from store.errors import InvalidInputError, ObjectNotFoundError, SessionNotFoundError, SessionTrashedError
 from store.layout import check_session_id
 
@@ -116,11 +118,11 @@ def erase_sessions(store: SessionStore, session_ids: Iterable[str], *, dry_run: 
         objects = _session_objects(store, sid)
         redis_keys = _session_redis_keys(store, sid)
         try:
-            store.get_header(sid)
+            header = store.get_header(sid)
         except SessionNotFoundError:
             note = ("no such session; leftovers removed" if objects else "no such session",)
             if objects and not dry_run:
-                store.options.retry.call(lambda: store.objects.delete_many(objects))
+                _remove_other_lives(store, sid, objects, None)
             out.append(Erased(sid, "unchanged" if not objects else ("would delete" if dry_run else "deleted"),
                               objects_deleted=0 if dry_run else len(objects), notes=note))
             continue
@@ -129,7 +131,8 @@ def erase_sessions(store: SessionStore, session_ids: Iterable[str], *, dry_run: 
                               redis_keys_dropped=len(redis_keys)))
             continue
         destroyed = _destroy_keys(store, sid)
-        store.delete_session(sid)
+        store.delete_session(sid)  # the header, then this life's objects
+        _remove_other_lives(store, sid, objects, header.incarnation)
         out.append(Erased(sid, "deleted", objects_deleted=len(objects),
                           redis_keys_dropped=len(redis_keys), keys_destroyed=destroyed))
         log.info("erased session", extra={"session_id": sid, "objects": len(objects)})
@@ -275,6 +278,20 @@ def _forms(needle: str | bytes) -> tuple[bytes, ...]:
 def _session_objects(store: SessionStore, sid: str) -> list[str]:
     prefix = store.layout.session_prefix(sid)
     return store.options.retry.call(lambda: [i.key for i in store.objects.list(prefix)])
+
+
+def _remove_other_lives(store: SessionStore, sid: str, objects: list[str], current: str | None) -> None:
+    """Leftovers of the session's other incarnations (an earlier life whose delete was
+    interrupted, a create that was withdrawn). One without a header may be a life being
+    created right now: each is fenced first, and one whose header appeared meanwhile is left
+    alone (store/incarnations.py)."""
+    by_inc: dict[str, list[str]] = {}
+    for key in objects:
+        parsed = store.layout.parse(key)
+        if parsed is not None and parsed.incarnation is not None and parsed.incarnation != current:
+            by_inc.setdefault(parsed.incarnation, []).append(key)
+    removable = incarnations.fence(store, sid, by_inc)
+    incarnations.remove(store, sid, {inc: by_inc[inc] for inc in removable})
 
 
 def _session_redis_keys(store: SessionStore, sid: str) -> list[bytes]:

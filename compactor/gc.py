@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING
 from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
 from compactor.records import GcResult
 from compactor.schedule import schedule_gc
+from store import incarnations
 from store.errors import BackendError, IndeterminateError, SessionNotFoundError, SessionStoreError
 from store.listing import all_session_ids
 from store.manifest import Manifest, fence_manifest
@@ -139,17 +140,27 @@ class GarbageCollector:
             if header is not None and inc == header.incarnation:
                 continue
             if self._stale_due(sid, inc, header, now, grace):
-                due.extend(("stale_incarnation", k) for k in keys)
                 stale.append(inc)
             else:
                 waiting += len(keys)
+        if stale:
+            # An incarnation without a header may still be getting one (an encrypted create
+            # writes its data key first, then pauses): fenced, the header read again, and
+            # one it now names left to its creator (store/incarnations.py).
+            self.fault("gc.before_fence", session_id=sid, incarnations=stale)
+            stale = incarnations.fence(store, sid, stale)
+            fence_keys = {store.layout.withdrawn(sid, inc) for inc in stale}
+            due.extend(("stale_incarnation", k) for inc in stale for k in by_inc[inc] if k not in fence_keys)
         if header is not None and header.incarnation in by_inc:
             cur_due, cur_waiting = self._current(sid, header.incarnation, by_inc[header.incarnation], now, grace)
             due.extend(cur_due)
             waiting += cur_waiting
         self._delete(sid, due)
-        if stale and header is None:
-            self._forget_marks(sid, stale)
+        if stale:
+            # Last: each stale incarnation's fence, once the rest of it is gone.
+            incarnations.remove(store, sid, {inc: [] for inc in stale})
+            if header is None:
+                self._forget_marks(sid, stale)
         if due:
             log.info(
                 "gc",

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from coordination.redis import Coordinator, TailState
+from store import incarnations
 from store.append import Appender
 from store.clock import iso_now
 from store.context import StoreContext
@@ -219,11 +220,16 @@ class SessionStore:
                 self.retention.put(sid, header.incarnation, retention)
             self.ctx.fault("create.before_header", session_id=sid, incarnation=header.incarnation)
             self.headers.create(header)
-            if not header.encryption or self.keys.has_record(sid, header.incarnation, 1):
+            # An encrypted incarnation had an object (its data key) before its header: GC, or
+            # an erasure, may have decided it was abandoned. The fence first, then the key,
+            # in this order (store/incarnations.py argues why): either says it is being or
+            # was removed, and this incarnation is withdrawn (this process's own header) and
+            # the session created again. Nothing else under the session precedes a header.
+            if not header.encryption or (
+                not incarnations.withdrawn(self, sid, header.incarnation)
+                and self.keys.has_record(sid, header.incarnation, 1)
+            ):
                 break
-            # Paused between the data key and the header for longer than the GC grace: the
-            # key record, header-less meanwhile, was collected, and this incarnation could
-            # never be read. Withdraw it (this process's own header) and start over.
             log.warning("data key of new session %s collected before its header: created again", sid)
             self.delete_session(sid, incarnation=header.incarnation)
             header = new_header(sid, cwd=cwd, pi_header=pi_header, fork=fork, kind=kind, config=config)
@@ -449,12 +455,14 @@ class SessionStore:
             cursor = page.next_cursor
 
     def delete_session(self, session_id: str, *, incarnation: str | None = None) -> None:
-        """Remove every object and every Redis key of the session.
+        """Remove the session: its header, its Redis keys and every object of its incarnation.
 
         The header goes first: from that moment the session does not exist, and creating it
         again starts a new incarnation with its own key space, so leftovers of an interrupted
         delete (or Redis state that could not be dropped because Redis was down) can never
-        leak into the new session. ``incarnation``: delete only that life of the session
+        leak into the new session. Only this incarnation's objects are deleted, so a delete
+        that pauses never removes anything of a new life created meanwhile; leftovers of
+        other incarnations are removed by GC. ``incarnation``: delete only that life of the session
         (``SessionNotFoundError`` if the header names another).
         """
         sid = check_session_id(session_id)
@@ -481,8 +489,13 @@ class SessionStore:
             log.warning("Redis state of deleted session %s not dropped (%s): writers that "
                         "passed their check before the delete verify against the object "
                         "store, and the next incarnation replaces the state", sid, exc)
-        prefix = self.layout.session_prefix(sid)
-        keys = [i.key for i in self.objects.list(prefix) if i.key != self.layout.header(sid)]
+        # Only this incarnation's objects: once the header is gone the session may be created
+        # again at any moment, and a delete that pauses here (or between its LIST and its
+        # deletes) must not remove a byte of the next life. Leftovers of other incarnations
+        # (an interrupted delete of an earlier life) are GC's (compactor/gc.py).
+        prefix = self.layout.incarnation_prefix(sid, header.incarnation)
+        keys = [i.key for i in self.objects.list(prefix)]
+        self.ctx.fault("delete.before_objects", session_id=sid, keys=keys)
         if keys:
             self.options.retry.call(lambda: self.objects.delete_many(keys))
 

@@ -100,8 +100,9 @@ class ParsedKey:
     session_id: str
     #: None for the header.
     incarnation: str | None
-    #: "header", "segment", "manifest", "base", "key" (a wrapped data key), or "other" (a
-    #: name the store never writes).
+    #: "header", "segment", "manifest", "base", "key" (a wrapped data key), "withdrawn" (the
+    #: fence of an incarnation being removed, ``store/incarnations.py``), or "other" (a name
+    #: the store never writes).
     kind: str
     #: The segment's seq or the manifest's generation; a base's generation; a key's version.
     number: int | None = None
@@ -115,6 +116,8 @@ _KIND_OF = {
     "base": ("base", ".jsonl"),
     "keys": ("key", ".json"),
 }
+#: The name of an incarnation's fence (``Layout.withdrawn``).
+WITHDRAWN = "withdrawn.json"
 #: Digits of a data key record's version.
 KEY_VERSION_WIDTH = 8
 
@@ -204,6 +207,11 @@ class Layout:
     def key_record(self, sid: str, inc: str, version: int) -> str:
         return f"{self.keys_prefix(sid, inc)}{version:0{KEY_VERSION_WIDTH}d}.json"
 
+    def withdrawn(self, sid: str, inc: str) -> str:
+        """The fence written before an incarnation without a header is removed: its creator,
+        finding it after writing the header, withdraws instead (``store/incarnations.py``)."""
+        return f"{self.session_prefix(sid)}{inc}/{WITHDRAWN}"
+
     def stream_refs_prefix(self, sid: str, inc: str) -> str:
         """Where the forks of a stream's incarnation register (``store/streams.py``): one
         empty object a fork, which keeps the source's data while the fork reads it."""
@@ -291,6 +299,8 @@ class Layout:
         if rest == "header.json":
             return ParsedKey(sid, None, "header")
         inc, sep, sub = rest.partition("/")
+        if sep and inc and sub == WITHDRAWN:
+            return ParsedKey(sid, inc, "withdrawn")
         kind_dir, sep2, name = sub.partition("/")
         if not sep or not sep2 or "/" in name or kind_dir not in _KIND_OF:
             return ParsedKey(sid, inc or None, "other")
