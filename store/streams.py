@@ -1281,7 +1281,8 @@ class Streams:
         sid = st.header.session_id
         if st.pi:
             try:
-                self.store.delete_session(sid)
+                # The life this caller read: a delete that paused never ends a newer one.
+                self.store.delete_session(sid, incarnation=st.header.incarnation)
             except SessionNotFoundError:
                 raise StreamNotFoundError(f"no stream {st.config.path!r}") from None
             self._forget_state(sid)
@@ -1334,7 +1335,9 @@ class Streams:
         if not st.deleted:
             return
         try:
-            store.delete_session(sid)
+            # Only the incarnation judged above: if this process paused since, the id may
+            # have been removed by another collector and created again.
+            store.delete_session(sid, incarnation=inc)
         except SessionNotFoundError:
             pass
         self._forget_state(sid)
