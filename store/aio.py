@@ -44,6 +44,7 @@ from store.records import AppendResult, ForkPoint, Header, SessionInfo, TailInfo
 
 if TYPE_CHECKING:
     from store.manager import SessionManager
+    from store.retention import Retention, TrashItem
     from store.model.session import Session
 
 P = ParamSpec("P")
@@ -236,6 +237,29 @@ class AsyncSessionStore:
 
     async def redact(self, session_id: str, entry_id: str, reason: str) -> AppendResult:
         return await self._run(self._store.redact, session_id, entry_id, reason)
+
+    async def redact_entries(self, session_id: str, entry_ids: list[str], reason: str) -> AppendResult:
+        return await self._run(self._store.redact_entries, session_id, list(entry_ids), reason)
+
+    # --- data lifecycle (docs/lifecycle.md) ----------------------------------------------------
+
+    async def set_retention(self, session_id: str, retention: Retention) -> Retention:
+        return await self._run(self._store.set_retention, session_id, retention)
+
+    async def get_retention(self, session_id: str) -> Retention | None:
+        return await self._run(self._store.get_retention, session_id)
+
+    async def list_trash(self) -> list[TrashItem]:
+        return await self._run(self._store.list_trash)
+
+    async def restore_session(self, session_id: str) -> None:
+        await self._run(self._store.restore_session, session_id)
+
+    async def rotate_data_key(self, session_id: str) -> int:
+        return await self._run(self._store.rotate_data_key, session_id)
+
+    async def shred_keys(self, session_id: str) -> int:
+        return await self._run(self._store.shred_keys, session_id)
 
     async def import_pi_session(
         self, source: Any, session_id: str | None = None, *, on_conflict: str = "refuse"

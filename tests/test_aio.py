@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from history import Op, attempt_async, check_history
 
-from store import EMPTY_TAIL, ConflictError
+from store import EMPTY_TAIL, ConflictError, SessionStore
 from store.aio import AsyncSessionManager, AsyncSessionStore
 from store.errors import (
     InvalidEntryError,
@@ -355,3 +355,70 @@ def test_manager_appends_batches_and_forks(s3_url: str, redis_url: str, redis_pr
                 await store.get_header("mgr-fork")
 
     asyncio.run(main())
+
+
+#: SessionStore methods with no awaitable twin, and why.
+_SYNC_ONLY = {
+    "from_url": "AsyncSessionStore.open builds the store off the loop",
+    "append_prepared": "an importer's seam: the batch is prepared by the caller",
+    "hydrate": "rebuilds Redis's state: an operator's tool (the CLI)",
+    "iter_export_pi_session": "a generator of lines; export_pi_session awaits the whole file",
+    "iter_segment_keys": "the compactor's and tools' listing",
+    "latest_manifest": "the compactor's",
+}
+
+
+def test_every_public_method_of_the_store_has_an_awaitable_twin() -> None:
+    """The asyncio API does not drift behind the sync one: a new public method of
+    SessionStore needs its twin here, or a reason in _SYNC_ONLY."""
+    import inspect
+
+    sync = {n for n, v in inspect.getmembers(SessionStore) if not n.startswith("_") and callable(v)}
+    sync -= {"close"}  # AsyncSessionStore.close is its own (waits for the pool)
+    missing = sorted(n for n in sync - set(_SYNC_ONLY) if not hasattr(AsyncSessionStore, n))
+    assert missing == []
+    for name in sync - set(_SYNC_ONLY):
+        twin = getattr(AsyncSessionStore, name)
+        assert inspect.iscoroutinefunction(twin) or inspect.isasyncgenfunction(twin), name
+    assert set(_SYNC_ONLY) <= sync  # no stale excuse
+
+
+def test_lifecycle_and_keys_from_asyncio(
+    s3_url: str, redis_url: str, redis_prefix: str, tmp_path: Any, socket_watch: SocketWatch
+) -> None:
+    from store.crypto import LocalKeyFile, create_keyring
+    from store.errors import KeyUnavailableError, NotInTrashError
+    from store.retention import Retention
+
+    keyring = tmp_path / "keyring.json"
+    create_keyring(keyring)
+
+    async def main() -> None:
+        async with await _open(s3_url, redis_url, redis_prefix, key_provider=LocalKeyFile(keyring)) as store:
+            handle = await store.create_session("life")
+            await handle.append([_entry("a", None), _entry("b", "a"), _entry("c", "b")])
+            assert await store.get_retention("life") is None
+            kept = await store.set_retention("life", Retention.sliding(3_600_000))
+            assert await store.get_retention("life") == kept
+            assert await store.list_trash() == []
+            with pytest.raises(NotInTrashError):
+                await store.restore_session("life")
+            await store.redact_entries("life", ["a", "b"], "pii")
+            loaded = await store.load_session_entries("life")
+            assert [e["id"] for e in loaded][:3] == ["a", "b", "c"]
+            assert [e["type"] for e in loaded[3:]] == ["redaction", "redaction"]  # one batch
+            assert [("message" in e, e.get("redacted", {}).get("reason")) for e in loaded[:3]] == [
+                (False, "pii"), (False, "pii"), (True, None)
+            ]
+            assert await store.rotate_data_key("life") == 2
+            await handle.append([_entry("d", "c")])
+            assert [e["id"] for e in await store.load_session_entries("life")][-1] == "d"
+            assert await store.shred_keys("life") == 2
+        async with await _open(s3_url, redis_url, redis_prefix, key_provider=LocalKeyFile(keyring)) as fresh:
+            with pytest.raises(KeyUnavailableError):
+                await fresh.load_session_entries("life")
+
+    socket_watch.recording = True
+    asyncio.run(main())
+    socket_watch.recording = False
+    assert "MainThread" not in socket_watch.threads
