@@ -27,6 +27,7 @@ import pytest
 from compactor import Compactor, CompactorOptions
 from harness.pausing import FakeClock, InThread, Pause
 from store import SessionStore
+from store.cli.verify import verify_session
 from store.crypto import LocalKeyFile, create_keyring
 
 GRACE_MS = 60_000
@@ -165,5 +166,7 @@ def test_gc_paused_before_its_fence_while_the_creator_acknowledges_removes_nothi
     clock.advance(10 * GRACE_MS)
     gc.gc_session("twice")
     assert ids(from_objects(make_store, key_provider=LocalKeyFile(keyring)), "twice") == ["t1", "t2"]
+    check = verify_session(make_store(key_provider=LocalKeyFile(keyring)), "twice")
+    assert (check.faults, check.warnings) == ([], [])
     creator.delete_session("twice")
     assert not list(creator.objects.list(creator.layout.session_prefix("twice")))

@@ -179,6 +179,10 @@ def _sort_listing(
             segments[parsed.number] = key
         elif parsed is not None and parsed.kind == "manifest" and parsed.number is not None:
             manifests[parsed.number] = key
+        elif parsed is not None and parsed.kind == "withdrawn":
+            # A fence GC wrote as this incarnation got its header (store/incarnations.py):
+            # harmless, and never removed while the incarnation lives.
+            continue
         elif parsed is None or parsed.kind not in ("base", "key"):
             check.warnings.append(f"unexpected object {key!r}")
     return segments, manifests
