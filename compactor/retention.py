@@ -237,17 +237,23 @@ class RetentionRunner:
         # below. A session with a setting of its own is not under the store-wide policy.
         layout = store.layout
         prefix = layout.retention_prefix
-        newest: dict[str, str] = {}
+        # By incarnation: records of another life of the id (an earlier one, or a create
+        # that was withdrawn and made again) say nothing of the session that lives now.
+        by_life: dict[tuple[str, str], str] = {}
         for item in store.options.retry.call(lambda: list(store.objects.list(prefix))):
             parsed = layout.parse_beside(item.key, prefix)
             if parsed is not None:
-                newest[parsed[0]] = item.key  # listed in order: the last one is the newest
+                by_life[parsed[0], parsed[1]] = item.key  # listed in order: the last is the newest
+        newest: dict[str, str] = {}
         updated: dict[str, int] = {}
         out: list[str] = []
         for info in store.iter_sessions(page_size=1000, filters=SessionFilter(trashed=None)):
             sid = info.session_id
             activity = info.updated_at_ms or info.created_at_ms
             updated[sid] = activity
+            record = by_life.get((sid, info.incarnation or ""))
+            if record is not None:
+                newest[sid] = record
             if info.trash_purge_after_ms is not None:
                 if info.trash_purge_after_ms <= now:
                     out.append(sid)

@@ -495,9 +495,12 @@ class SessionStore:
         # (an interrupted delete of an earlier life) are GC's (compactor/gc.py).
         prefix = self.layout.incarnation_prefix(sid, header.incarnation)
         keys = [i.key for i in self.objects.list(prefix)]
+        # And what the incarnation has beside the sessions: its retention settings and trash
+        # entry (store/retention.py). Keyed by the incarnation too, so never the next life's.
+        keys += self.retention.records_of(sid, header.incarnation)
+        keys.append(self.layout.trash_entry(sid, header.incarnation))
         self.ctx.fault("delete.before_objects", session_id=sid, keys=keys)
-        if keys:
-            self.options.retry.call(lambda: self.objects.delete_many(keys))
+        self.options.retry.call(lambda: self.objects.delete_many(keys))
 
     # --- sessions with pi's semantics ----------------------------------------------------------
 

@@ -303,12 +303,15 @@ def info_of(sid: str, tail: list[Any], summary: dict[str, str]) -> SessionInfo |
             path=summary.get("path"),
             fork_entry_id=summary.get("fork_entry"),
             trash_purge_after_ms=int(summary["trash"]) if "trash" in summary else None,
+            incarnation=inc,
         )
     except (KeyError, ValueError):
         return None  # a summary that lost fields: rebuilt
 
 
-def info_from_fields(sid: str, fields: dict[str, str | int], count: int) -> SessionInfo:
+def info_from_fields(
+    sid: str, fields: dict[str, str | int], count: int, incarnation: str | None = None
+) -> SessionInfo:
     return SessionInfo(
         session_id=sid,
         created_at_ms=int(fields["created"]),
@@ -323,6 +326,7 @@ def info_from_fields(sid: str, fields: dict[str, str | int], count: int) -> Sess
         path=_opt(fields.get("path")),
         fork_entry_id=_opt(fields.get("fork_entry")),
         trash_purge_after_ms=int(fields["trash"]) if "trash" in fields else None,
+        incarnation=incarnation,
     )
 
 

@@ -147,6 +147,9 @@ class SessionInfo:
     #: In the trash (docs/lifecycle.md): when it is purged (None: not in the trash). Listings
     #: leave such sessions out unless asked (``SessionFilter(trashed=None or True)``).
     trash_purge_after_ms: int | None = None
+    #: The life of the session this row describes (``Header.incarnation``): what belongs to
+    #: it, and not to an earlier or abandoned life of the same id, carries the same one.
+    incarnation: str | None = None
 
 
 FaultHook = Callable[[str, dict[str, Any]], None]

@@ -229,6 +229,10 @@ class RetentionStore:
 
     # --- settings ------------------------------------------------------------------------
 
+    def records_of(self, sid: str, inc: str) -> list[str]:
+        """The keys of an incarnation's retention records (one LIST)."""
+        return self._records(sid, inc)
+
     def _records(self, sid: str, inc: str) -> list[str]:
         prefix = self.layout.retention_records_prefix(sid, inc)
         return self.retry.call(lambda: [i.key for i in self.objects.list(prefix) if i.key.endswith(".json")])

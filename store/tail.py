@@ -105,7 +105,7 @@ class TailKeeper:
             log.warning("listing %s without Redis (%s)", sid, exc)
             data = self.reader.read(sid, header, use_hint=False)
             fields = summary_fields(header, data, last_update_ms(self.ctx, header, data))
-        return info_from_fields(sid, fields, len(data.inherited) + len(data.entries))
+        return info_from_fields(sid, fields, len(data.inherited) + len(data.entries), header.incarnation)
 
     def _rebuild(
         self, sid: str, header: Header | None

@@ -8,6 +8,8 @@ tests move the fake clock by hours and days, never by seconds.
 
 from __future__ import annotations
 
+import uuid
+
 from collections.abc import Callable
 from typing import Any
 
@@ -122,6 +124,25 @@ def test_the_idle_policy_trashes_idle_sessions_and_purges_after_the_grace_period
     clock.advance(2 * HOUR)
     assert set(runner(store, clock, policy).run().purged) == {"a", "b"}
     assert visible(store) == {"kept"}
+
+
+def test_a_setting_of_another_life_of_the_id_does_not_exempt_the_session_from_the_policy(
+    store: SessionStore,
+) -> None:
+    """A "keep" recorded for another life of "again" (a create that was withdrawn and made
+    again leaves the first one's record) says nothing of the life that exists now: the sweep
+    applies the store-wide idle policy to it. A delete removes its own life's records."""
+    clock = FakeClock()
+    fill(store, "again", retention=Retention.keep())
+    first = store.get_header("again").incarnation
+    store.delete_session("again")
+    assert store.retention.records_of("again", first) == []
+    fill(store, "again")
+    store.retention.put("again", uuid.uuid4().hex, Retention.keep())  # a withdrawn create's
+    assert store.get_retention("again") is None
+    policy = RetentionPolicy(idle_ms=30 * DAY_MS, grace_ms=GRACE)
+    clock.advance(31 * DAY_MS)
+    assert runner(store, clock, policy).run(sweep=True).trashed == ("again",)
 
 
 def test_a_session_in_the_trash_refuses_appends_reads_and_settings(store: SessionStore) -> None:
