@@ -170,3 +170,34 @@ def test_gc_paused_before_its_fence_while_the_creator_acknowledges_removes_nothi
     assert (check.faults, check.warnings) == ([], [])
     creator.delete_session("twice")
     assert not list(creator.objects.list(creator.layout.session_prefix("twice")))
+
+
+def test_an_erasure_removes_every_earlier_life_and_never_a_life_being_created(
+    make_store: Callable[..., SessionStore], keyring: Path
+) -> None:
+    """Erasing a session removes its life and what earlier lives left (an interrupted
+    delete's segments); erasing an id with no header removes the leftovers too. A create of
+    that id paused between its data key and its header while the erasure runs is fenced and
+    its key removed: it withdraws and creates the session again, which is readable."""
+    from compactor.erasure import erase_sessions
+
+    store = make_store(key_provider=LocalKeyFile(keyring))
+    store.create_session("gone")
+    store.append_session_entries("gone", [msg("g1", None)])
+    earlier = uuid.uuid4().hex
+    leftovers = [store.layout.segment("gone", earlier, n) for n in (1, 2)]
+    for key in leftovers:
+        store.objects.put_if_absent(key, b'{"id":"x"}\n')
+    (erased,) = erase_sessions(store, ["gone"])
+    assert erased.action == "deleted"
+    assert not list(store.objects.list(store.layout.session_prefix("gone")))
+
+    create_pause, creating, creator = _paused_create(make_store, keyring, "erased")
+    (result,) = erase_sessions(store, ["erased"])  # no header yet: the key is a leftover
+    assert result.action == "deleted"
+    create_pause.release()
+    handle = creating.result()
+    creator.append_session_entries("erased", [msg("e1", None)])
+    assert ids(from_objects(make_store, key_provider=LocalKeyFile(keyring)), "erased") == ["e1"]
+    listed = [i.key for i in creator.objects.list(creator.layout.session_prefix("erased"))]
+    assert all(handle.header.incarnation in k or k.endswith("header.json") for k in listed)
