@@ -48,7 +48,7 @@ _DIR_ROUNDS = 8
 #: Open directory fds kept per store (least recently used closed first): a create or read in a
 #: directory met before costs no walk. A cached fd is a hint, checked by the kernel at each
 #: use (docs/design.md, "The file backend": the directory cache).
-_DIR_CACHE = 64
+_DIR_CACHE = 32
 
 FaultHook = Callable[[str, dict[str, Any]], None]
 
