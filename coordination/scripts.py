@@ -39,7 +39,8 @@ _CHUNK = 500
 
 _PRELUDE = """
 local function state(tail_key, ids_key, inc)
-  local t = redis.call('HMGET', tail_key, 'inc', 'seq', 'last', 'count', 'nids', 'cseq', 'iseq', 'tids')
+  local t = redis.call('HMGET', tail_key, 'inc', 'seq', 'last', 'count', 'nids', 'cseq', 'iseq', 'tids',
+                       'pseg', 'pbytes')
   if not t[1] then return nil, {'HYDRATE'} end
   if t[1] ~= inc then return nil, {'INCARNATION', t[1]} end
   local tids = tonumber(t[8] or '0')
@@ -50,7 +51,8 @@ local function state(tail_key, ids_key, inc)
     return nil, {'HYDRATE'}
   end
   return {seq = tonumber(t[2]), last = t[3], count = tonumber(t[4]), nids = tonumber(t[5]),
-          cseq = tonumber(t[6] or '0'), iseq = tonumber(t[7] or '-1'), tids = tids}, nil
+          cseq = tonumber(t[6] or '0'), iseq = tonumber(t[7] or '-1'), tids = tids,
+          pseg = tonumber(t[9] or '0'), pbytes = tonumber(t[10] or '0')}, nil
 end
 local function hmget_chunked(key, list, first, last)
   local out = {}
@@ -63,13 +65,16 @@ local function hmget_chunked(key, list, first, last)
   end
   return out
 end
+-- Returns how many of the fields were new.
 local function hset_chunked(key, list, first, last)
+  local added = 0
   local i = first
   while i <= last do
     local j = math.min(i + 2 * %d - 1, last)
-    redis.call('HSET', key, unpack(list, i, j))
+    added = added + redis.call('HSET', key, unpack(list, i, j))
     i = j + 1
   end
+  return added
 end
 """ % (_CHUNK, _CHUNK)
 
@@ -154,6 +159,7 @@ end
 -- After a commit of slot seq: the claim on seq+1 goes to the first waiter, unless someone
 -- holds it already, so the writer that committed cannot take it again ahead of them.
 local function pass_on(claim, queue, leases, seq)
+  if redis.call('EXISTS', queue) == 0 then return end  -- nobody waits: hand_over would do nothing
   local c = redis.call('GET', claim)
   if c and tonumber(string.sub(c, 1, string.find(c, ':', 1, true) - 1)) >= seq then return end
   hand_over(claim, queue, leases, seq)
@@ -341,12 +347,14 @@ if s.seq > from or from + 1 <= s.cseq then
   return {'ALREADY', s.seq}
 end
 if s.seq < from then return {'BEHIND', s.seq} end
-local before = redis.call('HLEN', KEYS[2])
-hset_chunked(KEYS[2], ARGV, 5, 4 + 2 * n)
-local nids = redis.call('HLEN', KEYS[2]) + s.tids
-redis.call('HSET', KEYS[1], 'seq', from + 1, 'last', ARGV[3], 'count', s.count + n, 'nids', nids)
-local pseg = redis.call('HINCRBY', KEYS[1], 'pseg', 1)
-local pbytes = redis.call('HINCRBY', KEYS[1], 'pbytes', tonumber(ARGV[7 + 2 * n]))
+-- state() checked HLEN(ids) + tids == nids: the ids this HSET adds make the new nids. The
+-- pending counters move in the same HSET (a read-modify-write: the script is atomic, and the
+-- compactor's HINCRBYs in COMPACTED run before or after it, never within).
+local nids = s.nids + hset_chunked(KEYS[2], ARGV, 5, 4 + 2 * n)
+local pseg = s.pseg + 1
+local pbytes = s.pbytes + tonumber(ARGV[7 + 2 * n])
+redis.call('HSET', KEYS[1], 'seq', from + 1, 'last', ARGV[3], 'count', s.count + n, 'nids', nids,
+           'pseg', pseg, 'pbytes', pbytes)
 if ARGV[15 + 2 * n] == '1' then
   local sent = redis.pcall('SPUBLISH', ARGV[5 + 2 * n], ARGV[6 + 2 * n])
   if type(sent) == 'table' and sent.err then redis.call('PUBLISH', ARGV[5 + 2 * n], ARGV[6 + 2 * n]) end
@@ -373,21 +381,26 @@ if KEYS[3] then queued = redis.call('EXISTS', KEYS[3]) end
 --   ("" for none). Only a summary accounted through `from` moves on to from+1; any other
 --   stays behind (a listing then rebuilds it).
 if KEYS[4] and ARGV[9 + 2 * n] and ARGV[9 + 2 * n] ~= '' then
-  local sm = redis.call('HMGET', KEYS[4], 'inc', 'seq')
+  local sm = redis.call('HMGET', KEYS[4], 'inc', 'seq', 'bytes', 'first')
   if sm[1] == ARGV[1] and tonumber(sm[2]) == from then
     local op = ARGV[9 + 2 * n]
     if op == '!' then
       redis.call('DEL', KEYS[4])
     else
+      -- One HSET: seq, updated, bytes (added to: atomic here), the name, and the first user
+      -- message when the summary has none yet.
       local now = redis.call('TIME')
-      redis.call('HSET', KEYS[4], 'seq', from + 1,
-                 'updated', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
-      redis.call('HINCRBY', KEYS[4], 'bytes', tonumber(ARGV[7 + 2 * n]))
+      local set = {'seq', from + 1,
+                   'updated', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000),
+                   'bytes', tonumber(sm[3] or '0') + tonumber(ARGV[7 + 2 * n])}
       if op == '=' then
         if ARGV[10 + 2 * n] == '' then redis.call('HDEL', KEYS[4], 'name')
-        else redis.call('HSET', KEYS[4], 'name', ARGV[10 + 2 * n]) end
+        else set[#set + 1] = 'name'; set[#set + 1] = ARGV[10 + 2 * n] end
       end
-      if ARGV[11 + 2 * n] ~= '' then redis.call('HSETNX', KEYS[4], 'first', ARGV[11 + 2 * n]) end
+      if ARGV[11 + 2 * n] ~= '' and not sm[4] then
+        set[#set + 1] = 'first'; set[#set + 1] = ARGV[11 + 2 * n]
+      end
+      redis.call('HSET', KEYS[4], unpack(set))
     end
   end
 end

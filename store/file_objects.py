@@ -20,7 +20,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 import uuid
+import weakref
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -42,6 +45,10 @@ _O_TMPFILE = getattr(os, "O_TMPFILE", 0)
 #: Times the directory of a key is opened again when it was removed under a create (a
 #: delete of the session pruning it): each round trip re-creates it.
 _DIR_ROUNDS = 8
+#: Open directory fds kept per store (least recently used closed first): a create or read in a
+#: directory met before costs no walk. A cached fd is a hint, checked by the kernel at each
+#: use (docs/design.md, "The file backend": the directory cache).
+_DIR_CACHE = 32
 
 FaultHook = Callable[[str, dict[str, Any]], None]
 
@@ -62,10 +69,20 @@ class FileObjectStore(ObjectStore):
     the way (and their parent fsynced) by ``put_if_absent`` only, so a directory is never
     "known" to exist: a directory removed between the walk and the link makes the link fail
     (``ENOENT``), and the walk is made again.
+
+    The fds of the last ``dir_cache`` directories used are kept open, so that a create or a
+    read in a directory met before makes no walk. A cached fd may be a removed directory's:
+    a create through it fails and walks again (as above), a read that finds nothing through
+    it walks afresh before it answers "not found". ``close()`` closes them.
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], *, fsync: bool = True, fault_hook: FaultHook | None = None
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fsync: bool = True,
+        fault_hook: FaultHook | None = None,
+        dir_cache: int = _DIR_CACHE,
     ) -> None:
         super().__init__()
         self.root = Path(root).absolute()
@@ -78,6 +95,13 @@ class FileObjectStore(ObjectStore):
         self._fault = fault_hook
         #: Files without a name, linked through /proc (else named temporary files in .tmp/).
         self._unnamed = bool(_O_TMPFILE) and os.path.isdir("/proc/self/fd")
+        #: Directory parts -> an open fd of that directory, as a walk found it at some time
+        #: in the past (it may have been removed since). A user takes the fd out of the cache
+        #: and puts it back when done, so no fd is ever closed while another thread uses it.
+        self._dirs: OrderedDict[tuple[str, ...], int] = OrderedDict()
+        self._dirs_lock = threading.Lock()
+        self._dirs_max = max(0, dir_cache)  # 0: no cache, every use walks
+        self._dirs_finalizer = weakref.finalize(self, _close_fds, self._dirs, self._dirs_lock)
 
     # --- keys and directories ------------------------------------------------------------
 
@@ -117,20 +141,65 @@ class FileObjectStore(ObjectStore):
             raise
         return fd
 
+    def _take_dir(self, dirs: tuple[str, ...]) -> int | None:
+        """The cached fd of ``dirs``, taken out of the cache (the caller owns it until it
+        gives it back with ``_give_dir`` or closes it), or None."""
+        with self._dirs_lock:
+            return self._dirs.pop(dirs, None)
+
+    def _give_dir(self, dirs: tuple[str, ...], fd: int) -> None:
+        """Put ``fd`` (a directory the caller walked or took, and no longer uses) in the
+        cache, as the most recently used; the least recently used beyond the bound is closed."""
+        evicted: list[int] = []
+        with self._dirs_lock:
+            if dirs in self._dirs:
+                evicted.append(fd)  # another thread's fd of it came back first
+            else:
+                self._dirs[dirs] = fd
+                while len(self._dirs) > self._dirs_max:
+                    evicted.append(self._dirs.popitem(last=False)[1])
+        for old in evicted:
+            os.close(old)  # out of the cache: nobody else holds it
+
+    def _forget_dir(self, dirs: tuple[str, ...]) -> None:
+        fd = self._take_dir(dirs)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close the cached directory fds (the store stays usable: it walks again)."""
+        with self._dirs_lock:
+            fds = list(self._dirs.values())
+            self._dirs.clear()
+        for fd in fds:
+            os.close(fd)
+
     def _open_object(self, key: str) -> int:
-        """A read fd of the object ``key`` (a regular file, not a symlink)."""
+        """A read fd of the object ``key`` (a regular file, not a symlink).
+
+        Through the cached fd of its directory when there is one; ``ENOENT`` there is never
+        taken for "no such object" (that directory may have been removed, and the key's
+        directory made again, since the fd was walked): the directory is walked afresh and
+        asked again."""
         parts = check_key(key).split("/")
+        dirs, name = tuple(parts[:-1]), parts[-1]
+        dfd = self._take_dir(dirs)
         try:
+            if dfd is not None:
+                try:
+                    return os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+                except FileNotFoundError:
+                    os.close(dfd)  # perhaps a removed directory's: walk afresh
+                    dfd = None
             dfd = self._open_dir(parts[:-1], create=False)
-            try:
-                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
-            finally:
-                os.close(dfd)
+            return os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFoundError(key) from None
         except OSError as exc:
             raise _os_error(exc, key) from exc
-        return fd
+        finally:
+            if dfd is not None:
+                self._give_dir(dirs, dfd)
 
     # --- create ------------------------------------------------------------------------------
 
@@ -151,15 +220,38 @@ class FileObjectStore(ObjectStore):
 
     def _create(self, key: str, parts: list[str], blob: bytes) -> None:
         dirs, name = parts[:-1], parts[-1]
+        cache_key = tuple(dirs)
         fd: int | None = None
         tmp: str | None = None
         dfd = -1
         try:
             for round_no in range(_DIR_ROUNDS):
                 try:
-                    dfd = self._open_dir(dirs, create=True)
+                    # The cached fd first (round 0 only): a directory walked in the past,
+                    # no different from one walked just now and then paused on. If it was
+                    # removed since, the link in it fails with ENOENT (below: walk again),
+                    # and so may the O_TMPFILE open, with whatever error the filesystem
+                    # gives for a removed directory (ext4: EPERM): walk again too.
+                    taken = self._take_dir(cache_key) if round_no == 0 else None
+                    cached = taken is not None
+                    if taken is not None:
+                        dfd = taken
+                    else:
+                        dfd = self._open_dir(dirs, create=True)
                     if fd is None:
-                        fd, tmp = self._new_file(dfd)
+                        try:
+                            fd, tmp = self._new_file(dfd)
+                        except OSError:
+                            # A cached fd's error is never trusted; a walked one's is when
+                            # its directory still stands (ext4 answers EPERM for an O_TMPFILE
+                            # in a removed one, which a delete may prune right after our walk).
+                            if not cached and not _removed(dfd):
+                                raise
+                            os.close(dfd)
+                            dfd = -1
+                            if round_no == _DIR_ROUNDS - 1:
+                                raise
+                            continue
                         _write_all(fd, blob)
                         if self._fsync:
                             os.fsync(fd)  # the bytes are durable before a name points at them
@@ -185,7 +277,7 @@ class FileObjectStore(ObjectStore):
             if tmp is not None:
                 _unlink_quietly(tmp)
             if dfd >= 0:
-                os.close(dfd)
+                self._give_dir(cache_key, dfd)
 
     def _new_file(self, dfd: int) -> tuple[int, str | None]:
         """A file to write the object into: (fd, None) for a file with no name in the
@@ -316,12 +408,35 @@ class FileObjectStore(ObjectStore):
         # Empty directories are pruned so a deleted session leaves nothing behind; a
         # concurrent writer that loses the race walks (creates) its directory again.
         parent = self.root.joinpath(*parts[:-1])
+        dirs = tuple(parts[:-1])
         while parent != self.root:
             try:
                 parent.rmdir()
             except OSError:
                 break
+            self._forget_dir(dirs)  # a removed directory's fd: of no use any more
             parent = parent.parent
+            dirs = dirs[:-1]
+
+
+def _removed(dfd: int) -> bool:
+    """Whether the directory open as ``dfd`` has been removed (no name links to it)."""
+    try:
+        return os.fstat(dfd).st_nlink == 0
+    except OSError:
+        return False
+
+
+def _close_fds(fds: dict[Any, int], lock: threading.Lock) -> None:
+    """The finalizer of a store dropped without ``close()``: its cached fds are closed."""
+    with lock:
+        left = list(fds.values())
+        fds.clear()
+    for fd in left:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _write_all(fd: int, blob: bytes) -> None:
