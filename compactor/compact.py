@@ -297,6 +297,7 @@ class Compactor:
         The spool is a local temporary file: the compactor's host holds plaintext while it
         works, as it holds the keys (docs/encryption.md, threat model)."""
         if not is_sealed(data):
+            self.store.keys.open(key, data)  # refuses a plaintext object of an encrypted session
             return data, checksum
         plain = self.store.keys.open(key, data)
         return plain, hashlib.sha256(plain).hexdigest()

@@ -117,6 +117,7 @@ class SessionStore:
             objects, self.layout, retry, self.options.key_provider,
             ttl_s=self.options.data_key_ttl_s, refresh_s=self.options.data_key_refresh_s,
         )
+        self.keys.headers = self.headers
         self.ctx = StoreContext(
             objects, coordinator, self.layout, self.options, self.headers, self.manifests, self._pool,
             self.keys,

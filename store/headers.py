@@ -84,6 +84,8 @@ class HeaderStore:
         self.retry = retry
         self._cache: dict[str, Header] = {}
         self._lock = threading.Lock()
+        #: This process has met an encrypted session (``encrypted``'s fast path).
+        self.any_encrypted = False
 
     def cached(self, sid: str) -> Header | None:
         with self._lock:
@@ -96,6 +98,16 @@ class HeaderStore:
     def remember(self, header: Header) -> None:
         with self._lock:
             self._cache[header.session_id] = header
+            if header.encryption:
+                self.any_encrypted = True
+
+    def encrypted(self, sid: str, inc: str) -> bool:
+        """Is incarnation ``inc`` of ``sid`` encrypted, by the header this process read for
+        it? (False when it read none, or another incarnation's: nothing to hold it to.)"""
+        if not self.any_encrypted:
+            return False
+        header = self.cached(sid)
+        return header is not None and header.incarnation == inc and bool(header.encryption)
 
     def get(self, sid: str, *, fresh: bool = False) -> Header:
         """The cached header, or a fresh read (``SessionNotFoundError`` if there is none)."""

@@ -54,6 +54,7 @@ from store.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from store.entries import PreparedBatch
+    from store.headers import HeaderStore
     from store.records import Header
 
 log = logging.getLogger("sessionstore")
@@ -136,6 +137,9 @@ class DataKeys:
         self._deks: OrderedDict[tuple[str, str, int], tuple[DataKey, float]] = OrderedDict()
         #: (sid, inc) -> (newest version known, when it was last checked)
         self._newest: dict[tuple[str, str], tuple[int, float]] = {}
+        #: The store's headers (set by the store): a plaintext object of an incarnation
+        #: they say is encrypted is refused by ``open``.
+        self.headers: HeaderStore | None = None
 
     @property
     def enabled(self) -> bool:
@@ -299,8 +303,20 @@ class DataKeys:
     def open(self, key: str, data: bytes) -> bytes:
         """The plaintext of the object ``key`` holds: ``data`` itself when it is not sealed,
         else decrypted with the data key version it names, of the session and incarnation
-        its key names (the associated data binds it to them)."""
+        its key names (the associated data binds it to them).
+
+        A plaintext object of an encrypted incarnation is refused (``DecryptionError``): the
+        store seals every segment and base of one, so such an object was put there by
+        something else (a writer to the bucket), and reading it would let that writer add to
+        the session unseen."""
         if not is_sealed(data):
+            headers = self.headers
+            parsed = self.layout.parse(key) if headers is not None and headers.any_encrypted else None
+            if parsed is not None and parsed.incarnation is not None and headers is not None and headers.encrypted(
+                parsed.session_id, parsed.incarnation
+            ):
+                raise DecryptionError(key, "a plaintext object in an encrypted session: refused "
+                                           "(the store seals every object of one)")
             return data
         parsed = self.layout.parse(key)
         if parsed is None or parsed.incarnation is None:

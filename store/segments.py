@@ -67,6 +67,8 @@ def decode_object(
     if is_sealed(data):
         entries = decode_authenticated(key, (opener or no_keys_open)(key, data), ids)
     else:
+        if opener is not None:
+            opener(key, data)  # refuses a plaintext object where everything is sealed
         entries = decode_segment(key, data, checksum, ids)
     return entries if schema == CURRENT_SCHEMA else upgrade(entries, schema)
 

@@ -382,6 +382,57 @@ def test_tampered_or_moved_ciphertext_is_refused(enc_store: SessionStore) -> Non
         enc_store.load_session_entries(a)
 
 
+def test_a_plaintext_object_put_into_an_encrypted_session_is_refused(
+    make_store: Callable[..., SessionStore], keyring: Path, redis_url: str
+) -> None:
+    """Someone with write access to the bucket puts a plaintext segment into an encrypted
+    session, at the next slot (with metadata that checks out) or in place of a real one:
+    every reader refuses it (``DecryptionError``), fresh or not, and so does the compactor,
+    instead of reading it as the session's own. The same for a plaintext value planted in
+    Redis's recent-segments cache."""
+    from coordination.redis import recent_value
+    from store.entries import prepare_batch
+    from store.migrations import CURRENT_SCHEMA
+    from store.segments import segment_metadata
+
+    store = make_store(key_provider=LocalKeyFile(keyring))
+    sid = store.create_session().session_id
+    fill(store, sid, 2, "sealed")
+    inc = store.get_header(sid).incarnation
+    planted = prepare_batch([msg("planted", "e1", "not from the store")])
+    key = store.layout.segment(sid, inc, 3)
+    store.objects.put_if_absent(key, planted.body, segment_metadata("x", planted.checksum, 1))
+    fresh = make_store(key_provider=LocalKeyFile(keyring))
+    for reader in (store, fresh):
+        with pytest.raises(DecryptionError, match="plaintext object in an encrypted session"):
+            reader.load_session_entries(sid)
+    with pytest.raises(DecryptionError):
+        Compactor(fresh, CompactorOptions(grace_ms=GRACE_MS, worker="t")).compact_session(sid)
+    # In place of a real segment, and in the recent-segments cache.
+    store.objects.delete(key)
+    real = store.layout.segment(sid, inc, 2)
+    store.objects.delete(real)
+    store.objects.put_if_absent(real, planted.body, segment_metadata("x", planted.checksum, 1))
+    store.coord.forget(sid, inc)
+    with pytest.raises(DecryptionError):
+        make_store(key_provider=LocalKeyFile(keyring)).load_session_entries(sid)
+    other = store.create_session().session_id
+    fill(store, other, 2, "sealed")
+    other_inc = store.get_header(other).incarnation
+    assert len(store.load_session_entries(other)) == 2
+    client = redis.Redis.from_url(redis_url)
+    cache = store.coord.keys.recent(other)
+    assert client.hexists(cache, 2)  # the slot is read from the cache, not the object
+    client.hset(cache, 2, recent_value(other_inc, planted.checksum, CURRENT_SCHEMA, planted.body))
+    client.close()
+    with pytest.raises(DecryptionError):
+        store.load_session_entries(other)
+    # A plaintext session is read as ever by a store that has met encrypted ones.
+    plain = make_store().create_session().session_id
+    store.append_session_entries(plain, [msg("p", None, "plain")])
+    assert [e["id"] for e in store.load_session_entries(plain)] == ["p"]
+
+
 def test_plaintext_sessions_from_before_stay_readable_and_plaintext(
     make_store: Callable[..., SessionStore], keyring: Path
 ) -> None:
