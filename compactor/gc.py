@@ -158,7 +158,7 @@ class GarbageCollector:
         self._delete(sid, due)
         if stale:
             # Last: each stale incarnation's fence, once the rest of it is gone.
-            incarnations.remove(store, sid, {inc: [] for inc in stale})
+            incarnations.unfence(store, sid, stale)
             if header is None:
                 self._forget_marks(sid, stale)
         if due:

@@ -264,9 +264,7 @@ class RetentionRunner:
                     out.append(sid)
                 elif not dry_run:
                     self._schedule_earlier(sid, activity + policy.idle_ms)
-        for sid, key in newest.items():
-            if sid not in updated:
-                continue  # no session (deleted; or a record written before its header)
+        for sid, key in newest.items():  # sessions listed, by the record of their own life
             try:
                 r = Retention.from_json(store.objects.get(key).data)
             except SessionStoreError:

@@ -65,7 +65,6 @@ def fence(store: SessionStore, sid: str, incs: Iterable[str]) -> list[str]:
             retry.call(lambda key=key: store.objects.put_if_absent(key, b"", {}))
         except ObjectExistsError:
             pass
-    store.ctx.fault("incarnation.fenced", session_id=sid, incarnations=incs)
     try:
         current = store.headers.read(sid).incarnation
     except SessionNotFoundError:
@@ -76,19 +75,20 @@ def fence(store: SessionStore, sid: str, incs: Iterable[str]) -> list[str]:
     return [inc for inc in incs if inc != current]
 
 
-def remove(store: SessionStore, sid: str, keys_by_inc: Mapping[str, list[str]]) -> int:
-    """Step 3: delete the listed objects of fenced incarnations, each one's fence last.
-    Returns the number of objects deleted (fences included)."""
-    fences = [store.layout.withdrawn(sid, inc) for inc in keys_by_inc]
-    fence_set = set(fences)
-    rest = [k for keys in keys_by_inc.values() for k in keys if k not in fence_set]
-    retry = store.options.retry
+def remove(store: SessionStore, sid: str, keys_by_inc: Mapping[str, list[str]]) -> None:
+    """Step 3: delete the listed objects of fenced incarnations, then their fences."""
+    fences = {store.layout.withdrawn(sid, inc) for inc in keys_by_inc}
+    rest = [k for keys in keys_by_inc.values() for k in keys if k not in fences]
     if rest:
-        store.ctx.fault("incarnation.before_delete", session_id=sid, keys=rest)
-        retry.call(lambda: store.objects.delete_many(rest))
+        store.options.retry.call(lambda: store.objects.delete_many(rest))
+    unfence(store, sid, keys_by_inc)
+
+
+def unfence(store: SessionStore, sid: str, incs: Iterable[str]) -> None:
+    """The end of step 3: the fences of incarnations whose other objects are deleted."""
+    fences = [store.layout.withdrawn(sid, inc) for inc in incs]
     if fences:
-        retry.call(lambda: store.objects.delete_many(fences))
-    return len(rest) + len(fences)
+        store.options.retry.call(lambda: store.objects.delete_many(fences))
 
 
 def withdrawn(store: SessionStore, sid: str, inc: str) -> bool:
@@ -97,4 +97,4 @@ def withdrawn(store: SessionStore, sid: str, inc: str) -> bool:
     return store.options.retry.call(lambda: store.objects.head(key)) is not None
 
 
-__all__ = ["fence", "remove", "withdrawn"]
+__all__ = ["fence", "remove", "unfence", "withdrawn"]

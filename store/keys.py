@@ -310,13 +310,13 @@ class DataKeys:
         something else (a writer to the bucket), and reading it would let that writer add to
         the session unseen."""
         if not is_sealed(data):
-            headers = self.headers
-            parsed = self.layout.parse(key) if headers is not None and headers.any_encrypted else None
-            if parsed is not None and parsed.incarnation is not None and headers is not None and headers.encrypted(
-                parsed.session_id, parsed.incarnation
-            ):
-                raise DecryptionError(key, "a plaintext object in an encrypted session: refused "
-                                           "(the store seals every object of one)")
+            if self.headers is not None and self.headers.any_encrypted:
+                parsed = self.layout.parse(key)
+                if parsed is not None and parsed.incarnation is not None and self.headers.encrypted(
+                    parsed.session_id, parsed.incarnation
+                ):
+                    raise DecryptionError(key, "a plaintext object in an encrypted session: "
+                                               "refused (the store seals every object of one)")
             return data
         parsed = self.layout.parse(key)
         if parsed is None or parsed.incarnation is None:

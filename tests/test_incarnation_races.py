@@ -24,13 +24,12 @@ from typing import Any, Callable
 
 import pytest
 
-from compactor import Compactor, CompactorOptions
 from harness.pausing import FakeClock, InThread, Pause
+from test_compactor import GRACE_MS, compactor_for
 from store import SessionStore
 from store.cli.verify import verify_session
 from store.crypto import LocalKeyFile, create_keyring
 
-GRACE_MS = 60_000
 
 
 def msg(eid: str, parent: str | None, text: str = "x") -> dict[str, Any]:
@@ -48,13 +47,6 @@ def from_objects(make_store: Callable[..., SessionStore], **options: Any) -> Ses
     """A store on the same bucket with Redis state of its own: what it reads is rebuilt from
     the objects alone (Redis's caches, such as the recent segments, cannot hide a loss)."""
     return make_store(redis_prefix=f"fresh-{uuid.uuid4().hex[:8]}", **options)
-
-
-def compactor_for(store: SessionStore, clock: FakeClock, **options: Any) -> Compactor:
-    options.setdefault("grace_ms", GRACE_MS)
-    options.setdefault("worker", f"test-{uuid.uuid4().hex[:6]}")
-    hook = options.pop("fault_hook", None)
-    return Compactor(store, CompactorOptions(**options), now=clock, fault_hook=hook)
 
 
 @pytest.fixture
