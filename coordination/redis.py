@@ -25,6 +25,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from coordination import scripts
+from coordination.direct import DirectScripts
 from coordination.keys import Keys
 from store.errors import BackendError, BackendRefusedError, BackendUnavailableError
 from store.retry import DEFAULT_RETRY, RetryPolicy
@@ -214,6 +215,8 @@ class Coordinator:
         self._sweep_lease = client.register_script(scripts.SWEEP_LEASE)
         self._sweep_progress = client.register_script(scripts.SWEEP_PROGRESS)
         self._sharded: bool | None = None
+        #: CHECK and COMMIT without redis-py's client layers (coordination/direct.py).
+        self._direct = DirectScripts.for_client(client)
 
     @classmethod
     def from_url(
@@ -247,10 +250,24 @@ class Coordinator:
         return cls(client, prefix=prefix, retry=retry, socket_timeout=socket_timeout)
 
     def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
         try:
             self.client.close()
         except Exception:  # pragma: no cover - closing a dead pool
             pass
+
+    def _script(
+        self, script: Any, keys: Sequence[Any], args: Sequence[Any],
+        meanwhile: Callable[[], None] | None = None,
+    ) -> Any:
+        """Run a hot-path script (CHECK, COMMIT): directly where the client allows it. The
+        ``meanwhile`` callable runs at most once, while the script runs where possible."""
+        if self._direct is not None:
+            return self._direct.run(script, keys, args, meanwhile)
+        if meanwhile is not None:
+            meanwhile()
+        return script(keys=keys, args=args)
 
     def _call(self, fn: Callable[[], T], *, retry: bool = True) -> T:
         return self.retry.call(lambda: redis_call(fn)) if retry else redis_call(fn)
@@ -270,12 +287,15 @@ class Coordinator:
         claim_ms: int = 0,
         wait_s: float = 0.0,
         compacted: Sequence[str | int] = (),
+        meanwhile: Callable[[], None] | None = None,
     ) -> CheckResult:
         """CHECK (scripts.CHECK). ``wait_s``: the writer ``nonce`` waits in the session's
         queue; first wait up to that long for the claim to be handed to it, then CHECK.
         ``compacted``: what the writer's copy of the compacted ids says of the batch
         (``store.id_index.Lookup.args``; empty: it has none). REINDEX (``seq`` = Redis's
-        ``iseq``) asks for a copy that reaches further."""
+        ``iseq``) asks for a copy that reaches further. ``meanwhile``: work of the caller's
+        that does not depend on the answer, run at most once, while CHECK runs where the
+        client allows it (``coordination/direct.py``)."""
         args: list[Any] = [inc, "0" if expected_tail is None else "1", expected_tail or "", len(ids)]
         args.extend(ids)
         args.extend(hashes)
@@ -290,9 +310,12 @@ class Coordinator:
         if nonce:
             keys += [self.keys.queue(sid), self.keys.queue_leases(sid), self.keys.turn(sid, nonce)]
         if wait_s > 0 and nonce:
+            if meanwhile is not None:
+                meanwhile()
             res = self._wait_then_check(keys, args, wait_s)
         else:
-            res = self._call(lambda: self._check(keys=keys, args=args))
+            once = _once(meanwhile)
+            res = self._call(lambda: self._script(self._check, keys, args, once))
         code = _s(res[0])
         if code == "OK":
             return CheckResult(code, seq=int(res[1]), last=_s(res[2]))
@@ -366,7 +389,7 @@ class Coordinator:
         args.extend((cache, cache_cap) if caching else ("", 0))
         args.append(max(0, int(state_ttl_ms)))
         args.append("1" if self.sharded_pubsub() else "0")
-        res = self._call(lambda: self._commit(keys=keys, args=args))
+        res = self._call(lambda: self._script(self._commit, keys, args))
         code = _s(res[0])
         if code == "INCARNATION":
             return CommitResult(code, inc=_s(res[1]))
@@ -1060,6 +1083,20 @@ class ShardChanges:
         self._pubsubs.clear()
         self._where.clear()
         self._leaving.clear()
+
+
+def _once(fn: Callable[[], None] | None) -> Callable[[], None] | None:
+    """``fn`` as a callable that runs it the first time only (a retried call runs its
+    ``meanwhile`` once)."""
+    if fn is None:
+        return None
+    pending = [fn]
+
+    def run() -> None:
+        if pending:
+            pending.pop()()
+
+    return run
 
 
 def _sleep(timeout: float) -> None:

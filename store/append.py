@@ -57,6 +57,7 @@ from store.errors import (
 from store.listing import summary_delta
 from store.markers import is_marker_batch, refuse_if_trashed
 from store.migrations import CURRENT_SCHEMA
+from store.object_store import Staged
 from store.objects import StoredObject
 from store.read import Reader
 from store.records import AppendResult, Header
@@ -109,95 +110,108 @@ class Appender:
         plain, sealed_for = batch, header.incarnation
         batch = ctx.keys.seal_batch(header, plain)
         metadata = segment_metadata(nonce, batch.checksum, len(batch.ids))
-        rebuilt_for: int | None = None
-        rounds = 0
-        wait_s = 0.0
-        deadline = time.monotonic() + ctx.options.max_wait_s
-        compacted = self.tail.compacted
-        trash_batch = is_marker_batch(batch.ids)
-        while rounds < ctx.options.max_rounds:
-            seen = compacted.lookup(sid, header.incarnation, batch.ids, batch.external_parents)
-            ctx.fault("append.before_check", session_id=sid, through=seen.through)
-            res = ctx.coord.check(
-                sid, header.incarnation, batch.ids, batch.hashes, batch.external_parents,
-                expected, nonce=nonce, claim_ms=ctx.options.claim_ms, wait_s=wait_s,
-                compacted=seen.args(),
-            )
-            if res.code == "BUSY":
-                if time.monotonic() > deadline:
-                    break
-                ctx.fault("append.queued", session_id=sid, nonce=nonce, ticket=res.ticket)
-                wait_s = _turn_wait_s(res, ctx.options.claim_ms)
-                continue
+        # The segment's bytes go to the object store before CHECK: a backend may write them
+        # while CHECK runs in Redis (store/object_store.py, ``stage``).
+        staged = ctx.objects.stage(ctx.layout.segment_prefix(sid, header.incarnation), batch.body, metadata)
+        try:
+            rebuilt_for: int | None = None
+            rounds = 0
             wait_s = 0.0
-            rounds += 1
-            if res.code == "REINDEX":
-                # Redis keeps the ids of segments 1..res.seq in the data only: our copy of them
-                # must reach that far before CHECK can decide (store/id_index.py).
-                ctx.fault("append.reindex", session_id=sid, iseq=res.seq)
-                compacted.load(sid, header, res.seq)
-                continue
-            if res.code in ("HYDRATE", "INCARNATION"):
-                header = self.tail.repair(sid, header, res.code)
-                if incarnation is not None and header.incarnation != incarnation:
-                    raise SessionNotFoundError(sid)  # deleted (and created again) meanwhile
-                if header.incarnation != sealed_for:
-                    sealed_for = header.incarnation
-                    batch = ctx.keys.seal_batch(header, plain)
-                    metadata = segment_metadata(nonce, batch.checksum, len(batch.ids))
-                continue
-            if res.code == "DUPLICATE":
-                return AppendResult(sid, res.seq, batch.last_id, len(batch.ids))
-            if res.code == "COLLISION":
-                raise IdCollisionError(sid, res.entry_id, res.detail)
-            if res.code == "CONFLICT":
-                raise ConflictError(sid, expected, res.last or None, res.seq)
-            if res.code == "UNKNOWN_PARENT":
-                # Redis may lag behind the object store (a writer died before its commit):
-                # the parent may sit in a segment it has not heard of. Roll forward once.
-                if rebuilt_for != res.seq and self.tail.roll_forward_probe(sid, header, res.seq):
-                    rebuilt_for = res.seq
+            deadline = time.monotonic() + ctx.options.max_wait_s
+            compacted = self.tail.compacted
+            trash_batch = is_marker_batch(batch.ids)
+            while rounds < ctx.options.max_rounds:
+                seen = compacted.lookup(sid, header.incarnation, batch.ids, batch.external_parents)
+                ctx.fault("append.before_check", session_id=sid, through=seen.through)
+                res = ctx.coord.check(
+                    sid, header.incarnation, batch.ids, batch.hashes, batch.external_parents,
+                    expected, nonce=nonce, claim_ms=ctx.options.claim_ms, wait_s=wait_s,
+                    compacted=seen.args(), meanwhile=staged.prepare,
+                )
+                if res.code == "BUSY":
+                    if time.monotonic() > deadline:
+                        break
+                    ctx.fault("append.queued", session_id=sid, nonce=nonce, ticket=res.ticket)
+                    wait_s = _turn_wait_s(res, ctx.options.claim_ms)
                     continue
-                raise UnknownParentError(sid, res.entry_id, res.parent_id)
-            if not trash_batch:
-                # Nothing is appended after a trash or purge marker (store/retention.py): an
-                # append acknowledged there could be lost to the purge. The marker took its
-                # slot with a compare-and-set, so a writer that checked before it meets it
-                # at its PUT, rolls it forward and is refused here.
-                refuse_if_trashed(sid, res.last)
-            n = res.seq
-            key = ctx.layout.segment(sid, header.incarnation, n + 1)
-            ctx.fault("append.before_put", session_id=sid, seq=n + 1)
-            outcome = self._put_segment(key, batch.body, metadata, nonce)
-            if outcome == "ours":
-                ctx.fault("append.after_put", session_id=sid, seq=n + 1)
-                if self._commit(sid, header, n, batch, key):
-                    ctx.fault("append.after_commit", session_id=sid, seq=n + 1)
-                    return AppendResult(sid, n + 1, batch.last_id, len(batch.ids))
-                # A zombie (we re-created a slot that compaction had retired), deleted
-                # again: CHECK decides anew (a duplicate, a conflict, a new slot).
-                continue
-            if outcome == "gone":
-                # Taken and then retired by compaction: Redis is far behind. Rebuild.
-                ctx.coord.forget(sid, header.incarnation)
-                continue
-            # Someone else's segment n+1: record it, then re-check against the new tail.
-            self.tail.roll_forward(sid, header, n, outcome)
-            _contention_backoff(rounds)
-        raise ContentionError(
-            f"session {sid!r}: append lost {rounds} rounds to other writers "
-            f"(or waited {ctx.options.max_wait_s:.0f} s behind their claims)"
-        )
+                wait_s = 0.0
+                rounds += 1
+                if res.code == "REINDEX":
+                    # Redis keeps the ids of segments 1..res.seq in the data only: our copy of them
+                    # must reach that far before CHECK can decide (store/id_index.py).
+                    ctx.fault("append.reindex", session_id=sid, iseq=res.seq)
+                    compacted.load(sid, header, res.seq)
+                    continue
+                if res.code in ("HYDRATE", "INCARNATION"):
+                    header = self.tail.repair(sid, header, res.code)
+                    if incarnation is not None and header.incarnation != incarnation:
+                        raise SessionNotFoundError(sid)  # deleted (and created again) meanwhile
+                    if header.incarnation != sealed_for:
+                        sealed_for = header.incarnation
+                        batch = ctx.keys.seal_batch(header, plain)
+                        metadata = segment_metadata(nonce, batch.checksum, len(batch.ids))
+                        staged.release()  # another incarnation's directory, other bytes
+                        staged = ctx.objects.stage(
+                            ctx.layout.segment_prefix(sid, header.incarnation), batch.body, metadata
+                        )
+                    continue
+                if res.code == "DUPLICATE":
+                    return AppendResult(sid, res.seq, batch.last_id, len(batch.ids))
+                if res.code == "COLLISION":
+                    raise IdCollisionError(sid, res.entry_id, res.detail)
+                if res.code == "CONFLICT":
+                    raise ConflictError(sid, expected, res.last or None, res.seq)
+                if res.code == "UNKNOWN_PARENT":
+                    # Redis may lag behind the object store (a writer died before its commit):
+                    # the parent may sit in a segment it has not heard of. Roll forward once.
+                    if rebuilt_for != res.seq and self.tail.roll_forward_probe(sid, header, res.seq):
+                        rebuilt_for = res.seq
+                        continue
+                    raise UnknownParentError(sid, res.entry_id, res.parent_id)
+                if not trash_batch:
+                    # Nothing is appended after a trash or purge marker (store/retention.py): an
+                    # append acknowledged there could be lost to the purge. The marker took its
+                    # slot with a compare-and-set, so a writer that checked before it meets it
+                    # at its PUT, rolls it forward and is refused here.
+                    refuse_if_trashed(sid, res.last)
+                n = res.seq
+                key = ctx.layout.segment(sid, header.incarnation, n + 1)
+                ctx.fault("append.before_put", session_id=sid, seq=n + 1)
+                outcome = self._put_segment(key, staged, nonce)
+                if outcome == "ours":
+                    ctx.fault("append.after_put", session_id=sid, seq=n + 1)
+                    if self._commit(sid, header, n, batch, key):
+                        ctx.fault("append.after_commit", session_id=sid, seq=n + 1)
+                        return AppendResult(sid, n + 1, batch.last_id, len(batch.ids))
+                    # A zombie (we re-created a slot that compaction had retired), deleted
+                    # again: CHECK decides anew (a duplicate, a conflict, a new slot).
+                    continue
+                if outcome == "gone":
+                    # Taken and then retired by compaction: Redis is far behind. Rebuild.
+                    ctx.coord.forget(sid, header.incarnation)
+                    continue
+                # Someone else's segment n+1: record it, then re-check against the new tail.
+                self.tail.roll_forward(sid, header, n, outcome)
+                _contention_backoff(rounds)
+            raise ContentionError(
+                f"session {sid!r}: append lost {rounds} rounds to other writers "
+                f"(or waited {ctx.options.max_wait_s:.0f} s behind their claims)"
+            )
+        finally:
+            staged.release()
 
     # --- 3. PUT ------------------------------------------------------------------------------
 
     def _put_segment(
-        self, key: str, body: bytes, metadata: dict[str, str], nonce: str
+        self, key: str, staged: Staged, nonce: str
     ) -> Literal["ours", "gone"] | StoredObject:
-        """PUT a segment. Returns "ours", "gone", or the other writer's object."""
+        """PUT a segment (its bytes and metadata, staged). Returns "ours", "gone", or the
+        other writer's object."""
         ctx = self.ctx
         try:
-            attempts = creates.create(ctx.objects, ctx.options.retry, key, body, metadata)
+            attempts = creates.create(
+                ctx.objects, ctx.options.retry, key, staged.data, dict(staged.metadata or {}), staged
+            )
         except BackendUnavailableError as exc:
             return self._put_outcome_unknown(key, nonce, exc)
         if attempts == 0:

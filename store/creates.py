@@ -10,22 +10,28 @@ that read fails the outcome is unknown (``IndeterminateError``), never "not writ
 from __future__ import annotations
 
 from store.errors import BackendError, IndeterminateError, ObjectExistsError, ObjectNotFoundError
+from store.object_store import Staged
 from store.objects import ObjectStore, StoredObject
 from store.retry import RetryPolicy
 
 
 def create(
-    objects: ObjectStore, retry: RetryPolicy, key: str, data: bytes, metadata: dict[str, str]
+    objects: ObjectStore, retry: RetryPolicy, key: str, data: bytes, metadata: dict[str, str],
+    staged: Staged | None = None,
 ) -> int:
-    """``put_if_absent`` under ``retry``. Returns 0 when the object was created, else the
-    number of attempts made when the key was found taken. ``BackendUnavailableError`` when
-    every attempt failed (the create may still have landed)."""
+    """``put_if_absent`` under ``retry`` (``put_staged`` of ``staged``, the same bytes and
+    metadata, when given). Returns 0 when the object was created, else the number of
+    attempts made when the key was found taken. ``BackendUnavailableError`` when every
+    attempt failed (the create may still have landed)."""
     attempts = 0
 
     def put() -> None:
         nonlocal attempts
         attempts += 1
-        objects.put_if_absent(key, data, metadata)
+        if staged is not None:
+            objects.put_staged(key, staged)
+        else:
+            objects.put_if_absent(key, data, metadata)
 
     try:
         retry.call(put)

@@ -64,6 +64,25 @@ class StoredObject:
     last_modified_ms: int | None = field(default=None, compare=False)
 
 
+class Staged:
+    """An object handed to the store before its key is known (``ObjectStore.stage``): an
+    append knows its segment's bytes before CHECK tells it the slot."""
+
+    __slots__ = ("data", "metadata")
+
+    def __init__(self, data: bytes, metadata: Mapping[str, str] | None) -> None:
+        self.data = data
+        self.metadata = metadata
+
+    def prepare(self) -> None:
+        """Do now whatever can be done before the key is known (``FileObjectStore``: write
+        and fsync the bytes into a file with no name). Never raises: what failed here is
+        done again, with its errors, by ``put_staged``. Here: nothing."""
+
+    def release(self) -> None:
+        """Drop what ``prepare`` holds; the object, if ``put_staged`` created it, stays."""
+
+
 class ObjectStore(ABC):
     """A flat namespace of immutable objects.
 
@@ -133,6 +152,19 @@ class ObjectStore(ABC):
 
     def close(self) -> None:
         pass
+
+    # --- an object staged before its key is known ---------------------------------------------
+
+    def stage(self, prefix: str, data: bytes, metadata: Mapping[str, str] | None = None) -> Staged:
+        """An object that ``put_staged`` will create at a key below ``prefix`` not known yet.
+        The caller may ``prepare()`` it while it waits for the key, and ``release()``s it
+        when done, created or not. This default only keeps the bytes."""
+        return Staged(data, metadata)
+
+    def put_staged(self, key: str, staged: Staged) -> None:
+        """``put_if_absent(key, staged.data, staged.metadata)``, with its whole contract;
+        may be called again for another key (when this one was taken) or the same (a retry)."""
+        self.put_if_absent(key, staged.data, staged.metadata)
 
     @property
     def identity(self) -> str:

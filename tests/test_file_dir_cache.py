@@ -192,6 +192,57 @@ def test_a_create_paused_on_a_cached_fd_while_the_directory_is_removed(tmp_path:
     assert sorted(i.key for i in other.list("sessions/")) == [_seg(2), _seg(5)]
 
 
+@pytest.mark.parametrize("cached", [True, False], ids=["cached-fd", "walked"])
+def test_a_staged_create_whose_directory_is_removed_before_its_link(tmp_path: Path, cached: bool) -> None:
+    """An append staged its segment (written and fsynced into a file with no name in the
+    session's directory) while its CHECK ran, then paused; the directory was pruned and made
+    again meanwhile. Resumed, the link into the removed directory fails, and the whole create
+    walks again: the object lands whole where the directory is now, and no fd is left open."""
+    root = tmp_path / "objects"
+    writer = FileObjectStore(root)
+    other = FileObjectStore(root)
+    other.put_if_absent(_seg(1), b"one")
+    if cached:
+        writer.put_if_absent(_seg(3), b"three")
+        writer.delete(_seg(3))  # the directory stays (one object left), its fd in the cache
+    fds = _open_fds(root)
+    pause = Pause("file.put.before_link")
+    writer._fault = pause
+    staged = writer.stage(_D + "/", b"two", {"nonce": "w"})
+    staged.prepare()
+    assert staged.fd is not None and [p for p, _ in pause.seen] == ["file.put.staged"]
+    put = InThread(lambda: writer.put_staged(_seg(2), staged))
+    pause.wait_paused()
+    other.delete(_seg(1))
+    assert not (root / "sessions").exists()
+    other.put_if_absent(_seg(5), b"five")
+    pause.release()
+    put.result()
+    staged.release()
+    assert [p for p, _ in pause.seen].count("file.put.before_link") == 2  # staged, then whole
+    obj = other.get(_seg(2))
+    assert (obj.data, obj.metadata) == (b"two", {"nonce": "w"})
+    assert sorted(i.key for i in other.list("sessions/")) == [_seg(2), _seg(5)]
+    assert _open_fds(root) <= fds + 1  # at most the directory's fd, back in the cache
+    writer.close()
+    other.close()
+
+
+def test_a_staged_create_that_cannot_be_prepared_is_a_whole_create(tmp_path: Path) -> None:
+    """Preparing fails (an object where the key needs a directory): nothing is raised then,
+    and ``put_staged`` meets the same problem with put_if_absent's own error."""
+    store = FileObjectStore(tmp_path / "objects")
+    store.put_if_absent("sessions/s1", b"an object, not a directory")
+    staged = store.stage("sessions/s1/inc/seg/", b"x")
+    staged.prepare()
+    assert getattr(staged, "fd", None) is None
+    with pytest.raises(ObjectExistsError):
+        store.put_staged("sessions/s1/inc/seg/1", staged)
+    staged.release()
+    assert [i.key for i in store.list("sessions/")] == ["sessions/s1"]
+    store.close()
+
+
 def test_concurrent_creates_reads_and_deletes_from_several_threads(tmp_path: Path) -> None:
     """Threads of one store create, read and delete in a few shared directories while those
     are pruned and made again, with a cache smaller than the directories in use (fds evicted
@@ -210,9 +261,18 @@ def test_concurrent_creates_reads_and_deletes_from_several_threads(tmp_path: Pat
         rng = random.Random(t)
         try:
             for i in range(150):
-                key = f"{rng.choice(dirs)}/{t:02d}-{i:04d}"
+                d = rng.choice(dirs)
+                key = f"{d}/{t:02d}-{i:04d}"
                 data = key.encode()
-                store.put_if_absent(key, data)
+                if rng.random() < 0.5:
+                    store.put_if_absent(key, data)
+                else:  # as an append does: staged, written, then linked at its key
+                    staged = store.stage(f"{d}/", data)
+                    try:
+                        staged.prepare()
+                        store.put_staged(key, staged)
+                    finally:
+                        staged.release()
                 assert store.get(key).data == data
                 info = store.head(key)
                 assert info is not None and info.size == len(data)

@@ -124,8 +124,9 @@ _KEY = "sessions/s1/inc1/seg/000000000001.jsonl"
 _BIG = bytes(range(256)) * (3 << 12)  # 3 MiB, several extents: a torn write would show
 
 
-def _crash_at(root: str, point: str, unnamed: bool) -> None:
-    """A process that dies (no cleanup, no flush: ``os._exit``) at ``point`` of a create."""
+def _crash_at(root: str, point: str, unnamed: bool, how: str = "put") -> None:
+    """A process that dies (no cleanup, no flush: ``os._exit``) at ``point`` of a create
+    (``how``: ``put_if_absent``, or staged and prepared as an append does it)."""
 
     def die(reached: str, ctx: dict[str, object]) -> None:
         if reached == point:
@@ -133,7 +134,12 @@ def _crash_at(root: str, point: str, unnamed: bool) -> None:
 
     store = FileObjectStore(root, fault_hook=die)
     store._unnamed = unnamed
-    store.put_if_absent(_KEY, _BIG, {"nonce": "crashed"})
+    if how == "staged":
+        staged = store.stage(_KEY.rsplit("/", 1)[0] + "/", _BIG, {"nonce": "crashed"})
+        staged.prepare()
+        store.put_staged(_KEY, staged)
+    else:
+        store.put_if_absent(_KEY, _BIG, {"nonce": "crashed"})
     os._exit(0)  # the crash point was never reached
 
 
@@ -157,19 +163,29 @@ def _read_elsewhere(root: Path, key: str) -> tuple[bytes, dict[str, str]] | None
         proc.join(30)
 
 
-@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed", "named-temporary"])
-@pytest.mark.parametrize("point", ["file.put.before_link", "file.put.linked"])
+_CRASHES = [
+    (how, unnamed, point)
+    for how in ("put", "staged")
+    for unnamed in (True, False)
+    for point in ("file.put.before_link", "file.put.linked")
+] + [("staged", True, "file.put.staged")]  # prepared (written, fsynced), its key not known yet
+
+
+@pytest.mark.parametrize(
+    ("how", "unnamed", "point"), _CRASHES,
+    ids=[f"{h}-{'unnamed' if u else 'named-temporary'}-{p}" for h, u, p in _CRASHES],
+)
 def test_a_crash_between_the_steps_of_a_create_leaves_nothing_or_everything(
-    tmp_path: Path, point: str, unnamed: bool
+    tmp_path: Path, point: str, unnamed: bool, how: str
 ) -> None:
     root = tmp_path / "objects"
     FileObjectStore(root)
-    proc = mp.get_context("spawn").Process(target=_crash_at, args=(str(root), point, unnamed))
+    proc = mp.get_context("spawn").Process(target=_crash_at, args=(str(root), point, unnamed, how))
     proc.start()
     proc.join(60)
     assert proc.exitcode == 17, "the writer did not reach the fault point"
     store = FileObjectStore(root)
-    if point == "file.put.before_link":
+    if point in ("file.put.staged", "file.put.before_link"):
         # Written and synced, not linked: no object, and its name is free.
         with pytest.raises(ObjectNotFoundError):
             store.get(_KEY)

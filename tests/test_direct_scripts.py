@@ -1,0 +1,278 @@
+"""CHECK and COMMIT on the coordinator's own connections (coordination/direct.py), against a
+real redis-server, and the append that writes its segment while CHECK runs in Redis.
+
+The direct path must answer exactly what redis-py's client answers (same encoding of every
+argument, same replies, same exceptions), survive what a connection goes through (a script
+cache flushed, a connection killed, a fork), and run the caller's ``meanwhile`` while the
+script runs. The append that uses it may pause in that window, after its CHECK was sent and
+before it reads the answer, and carry on with an answer that is stale by then.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from harness.pausing import FakeClock, InThread, Pause
+from test_pauses import GRACE_MS, compactor_for, entry
+
+from coordination.direct import DirectScripts
+from coordination.redis import Coordinator
+from store import SessionStore
+from store.errors import ConflictError
+from store.objects import FileObjectStore
+from store.records import StoreOptions
+
+ECHO = "return {KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], #ARGV}"
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+def test_replies_and_arguments_are_those_of_the_client(client: redis.Redis) -> None:
+    direct = DirectScripts.for_client(client)
+    assert direct is not None
+    script = client.register_script(ECHO)
+    args = ["héllo ✓", b"\x00\r\n\xff binary", -12345678901234567890, 3.25, ""]
+    for keys in (["k:é"], [b"k\r\n"]):
+        assert direct.run(script, keys, args) == script(keys=keys, args=args)
+    nested = client.register_script("return {1, {'a', {2, false}}, 'x', -7}")
+    assert direct.run(nested, [], []) == nested(keys=[], args=[]) == [1, [b"a", [2, None]], b"x", -7]
+    with pytest.raises(redis.exceptions.DataError):
+        direct.run(script, ["k"], [True])  # what the client refuses, refused alike
+    direct.close()
+
+
+def test_an_error_reply_is_raised_and_the_connection_reused(client: redis.Redis) -> None:
+    direct = DirectScripts.for_client(client)
+    assert direct is not None
+    failing = client.register_script("return redis.error_reply('NOPE refused')")
+    ok = client.register_script("return 'ok'")
+    for _ in range(3):
+        with pytest.raises(redis.exceptions.ResponseError, match="NOPE"):
+            direct.run(failing, [], [])
+        assert direct.run(ok, [], []) == b"ok"
+    assert len(direct._free) == 1  # one connection all along
+    direct.close()
+
+
+def test_a_flushed_script_cache_loads_the_script_again(client: redis.Redis) -> None:
+    direct = DirectScripts.for_client(client)
+    assert direct is not None
+    script = client.register_script("return 41 + 1")
+    assert direct.run(script, [], []) == 42
+    client.script_flush()
+    assert direct.run(script, [], []) == 42
+    assert direct.run(script, [], []) == 42
+    direct.close()
+
+
+def test_a_killed_connection_fails_one_call_and_the_next_reconnects(client: redis.Redis) -> None:
+    direct = DirectScripts.for_client(client)
+    assert direct is not None
+    script = client.register_script("return redis.call('INCR', KEYS[1])")
+    assert direct.run(script, ["n"], []) == 1
+    client.client_kill_filter(_type="normal", skipme=True)
+    try:
+        assert direct.run(script, ["n"], []) == 2  # the send may land before the reset shows
+    except redis.exceptions.ConnectionError:
+        pass  # refused: the script did not run (the reset came first)
+    assert direct.run(script, ["n"], []) in (2, 3)
+    assert int(client.get("n")) == direct.run(script, ["n"], []) - 1
+    direct.close()
+
+
+def test_meanwhile_runs_once_while_the_script_runs(client: redis.Redis, redis_url: str) -> None:
+    """The script has run (seen from another connection) before its reply is read, while the
+    caller's ``meanwhile`` still runs: the two overlap."""
+    direct = DirectScripts.for_client(client)
+    assert direct is not None
+    script = client.register_script("return redis.call('INCR', KEYS[1])")
+    watcher = redis.Redis.from_url(redis_url)
+    seen: list[bytes | None] = []
+
+    def meanwhile() -> None:
+        deadline = time.monotonic() + 10
+        while watcher.get("m") is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        seen.append(watcher.get("m"))
+
+    assert direct.run(script, ["m"], [], meanwhile) == 1
+    assert seen == [b"1"]
+    watcher.close()
+    direct.close()
+
+
+def test_a_coordinator_retrying_a_call_runs_meanwhile_once(redis_url: str, redis_prefix: str) -> None:
+    """The connection is reset under the call: the command is sent, ``meanwhile`` runs, the
+    reply never comes; the retry policy sends the command again on a new connection, and
+    ``meanwhile`` does not run twice."""
+    coord = Coordinator.from_url(redis_url, prefix=redis_prefix)
+    assert coord._direct is not None
+    assert coord.check("s1", "inc", ["a"], ["h"], [], None).code == "HYDRATE"  # connected
+    calls: list[int] = []
+    coord.client.client_kill_filter(_type="normal", skipme=False)  # every connection, ours too
+    res = coord.check("s1", "inc", ["a"], ["h"], [], None, meanwhile=lambda: calls.append(1))
+    assert res.code == "HYDRATE" and calls == [1]
+    coord.close()
+
+
+def _child(out: mp.Queue) -> None:  # type: ignore[type-arg]
+    try:
+        out.put(DIRECT.run(SCRIPT, ["pfork"], []))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        out.put(repr(exc))
+
+
+DIRECT: DirectScripts
+SCRIPT: object
+
+
+def test_a_forked_child_makes_its_own_connections(client: redis.Redis, redis_url: str) -> None:
+    global DIRECT, SCRIPT
+    direct = DirectScripts.for_client(client)
+    assert direct is not None
+    script = client.register_script("return redis.call('INCR', KEYS[1])")
+    assert direct.run(script, ["pfork"], []) == 1
+    DIRECT, SCRIPT = direct, script
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(out,)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    got = sorted(out.get(timeout=30) for _ in procs)
+    for p in procs:
+        p.join(30)
+    assert got == [2, 3, 4]
+    assert direct.run(script, ["pfork"], []) == 5  # the parent's connection is intact
+    direct.close()
+
+
+def test_only_a_plain_client_goes_direct(redis_url: str) -> None:
+    class Sub(redis.Redis):
+        pass
+
+    assert DirectScripts.for_client(redis.Redis.from_url(redis_url)) is not None
+    assert DirectScripts.for_client(Sub.from_url(redis_url)) is None
+    assert DirectScripts.for_client(redis.Redis.from_url(redis_url, protocol=3)) is not None
+    assert DirectScripts.for_client(object()) is None
+
+
+# --- the append that writes its segment while CHECK runs -----------------------------------
+
+
+def _file_store(root: Path, redis_url: str, redis_prefix: str, hook: object = None) -> SessionStore:
+    objects = FileObjectStore(root, fault_hook=hook)  # type: ignore[arg-type]
+    coord = Coordinator.from_url(redis_url, prefix=redis_prefix)
+    return SessionStore(objects, coord, options=StoreOptions(redis_prefix=redis_prefix))
+
+
+def _ids(store: SessionStore, sid: str) -> list[str]:
+    return [e["id"] for e in store.read_session(sid).entries]
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["no-expected-tail", "expected-tail"])
+def test_an_append_paused_while_its_check_is_in_redis(
+    tmp_path: Path, redis_url: str, redis_prefix: str, strict: bool
+) -> None:
+    """Writer A sent CHECK (slot 2 is free) and paused writing its segment's bytes, before it
+    read the answer. Writer B appended to slot 2 meanwhile. A carries on with its stale
+    answer: its create at slot 2 is refused (B's), it rolls B's segment forward and checks
+    again: appended at slot 3 (no expected tail), or refused as a conflict (A expected the
+    tail it read before B's append): nothing of A's is then visible, nothing of B's lost."""
+    root = tmp_path / "objects"
+    pause = Pause("file.put.staged")
+    a = _file_store(root, redis_url, redis_prefix, pause)
+    b = _file_store(root, redis_url, redis_prefix)
+    sid = b.create_session(cwd="/w").session_id
+    b.append_session_entries(sid, [entry("e1", None)])
+    run = InThread(lambda: a.append_session_entries(sid, [entry("a2", "e1")], "e1" if strict else None))
+    pause.wait_paused()
+    assert b.append_session_entries(sid, [entry("b2", "e1")]).seq == 2
+    pause.release()
+    if strict:
+        with pytest.raises(ConflictError):
+            run.result()
+        assert _ids(b, sid) == ["e1", "b2"]
+        assert _ids(_file_store(root, redis_url, redis_prefix), sid) == ["e1", "b2"]
+    else:
+        assert run.result().seq == 3
+        assert _ids(b, sid) == ["e1", "b2", "a2"]
+    assert sorted(p.name for p in (root / ".tmp").iterdir()) == []
+    a.close()
+    b.close()
+
+
+def test_an_append_paused_while_its_check_is_in_redis_past_compaction_and_gc(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    """As above, but while A is paused B's segment is merged by the compactor and its slot
+    deleted by GC a grace period later: the slot A's stale answer names is free again. A's
+    create there is a zombie: COMMIT refuses it, A deletes it and checks again, and lands
+    after B's entry. Every reader sees e1, b2, a2, once each."""
+    root = tmp_path / "objects"
+    pause = Pause("file.put.staged")
+    clock = FakeClock()
+    a = _file_store(root, redis_url, redis_prefix, pause)
+    b = _file_store(root, redis_url, redis_prefix)
+    sid = b.create_session(cwd="/w").session_id
+    b.append_session_entries(sid, [entry("e1", None)])
+    run = InThread(lambda: a.append_session_entries(sid, [entry("a2", "e1")]))
+    pause.wait_paused()
+    b.append_session_entries(sid, [entry("b2", "e1")])
+    compactor = compactor_for(b, clock)
+    assert compactor.compact_session(sid).outcome == "compacted"
+    clock.advance(GRACE_MS + 1)
+    compactor.gc_session(sid)
+    inc = b.get_header(sid).incarnation
+    assert b.objects.head(b.layout.segment(sid, inc, 2)) is None  # the slot is free again
+    pause.release()
+    result = run.result()
+    assert result.seq >= 3
+    for reader in (b, _file_store(root, redis_url, redis_prefix)):
+        assert _ids(reader, sid) == ["e1", "b2", "a2"]
+    a.close()
+    b.close()
+
+
+def test_concurrent_appends_through_the_direct_path_lose_nothing(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    """Threads of two stores (each with its own connections) append to one session: every
+    acknowledged entry is read back once, in the order of the slots acknowledged."""
+    root = tmp_path / "objects"
+    stores = [_file_store(root, redis_url, redis_prefix) for _ in range(2)]
+    sid = stores[0].create_session(cwd="/w").session_id
+    acked: list[tuple[int, str]] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(25):
+                eid = f"t{t}-{i}"
+                res = stores[t % 2].append_session_entries(sid, [entry(eid, None)])
+                with lock:
+                    acked.append((res.seq, eid))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors[:3]
+    assert _ids(stores[0], sid) == [eid for _, eid in sorted(acked)]
+    assert len({seq for seq, _ in acked}) == 100
+    for s in stores:
+        s.close()
