@@ -139,8 +139,16 @@ def check_cursor(cursor: object) -> str | None:
 
 
 def preview(text: str) -> str:
-    """A message as a listing shows it: whitespace collapsed, at most ``PREVIEW_CHARS``."""
-    flat = _SPACES.sub(" ", text).strip()
+    """A message as a listing shows it: whitespace collapsed, at most ``PREVIEW_CHARS``.
+
+    Every append of a user message computes it, so a long message is not collapsed whole:
+    a head of it is, and when that gives more than ``PREVIEW_CHARS`` characters the answer
+    is the same as the whole text's (collapsing a head gives a prefix of collapsing the
+    whole, up to the head's trailing space, which ``strip`` drops)."""
+    head = text[: 4 * PREVIEW_CHARS]
+    flat = _SPACES.sub(" ", head).strip()
+    if len(head) < len(text) and len(flat) <= PREVIEW_CHARS:
+        flat = _SPACES.sub(" ", text).strip()  # mostly whitespace: the whole text decides
     return flat if len(flat) <= PREVIEW_CHARS else flat[: PREVIEW_CHARS - 1] + "…"
 
 

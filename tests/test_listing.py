@@ -4,6 +4,8 @@ forks, streams, redactions), requests per page, and bad input."""
 
 from __future__ import annotations
 
+import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +17,7 @@ import pytest
 from compactor import Compactor, CompactorOptions
 from store import SessionStore
 from store.errors import InvalidInputError, SessionNotFoundError
-from store.listing import PREVIEW_CHARS, InvalidCursorError, SessionFilter
+from store.listing import PREVIEW_CHARS, InvalidCursorError, SessionFilter, preview
 from store.records import SessionInfo
 from store.streams import Streams
 from tests.harness.pausing import InThread, Pause
@@ -393,3 +395,24 @@ def test_names_and_messages_with_lone_surrogates_are_listed_as_pi_reads_them(sto
     assert info.first_message == "half \ud83d emoji"
     store.coord.client.flushall()
     assert picker_fields(every(store)["js"]) == picker_fields(info)
+
+
+def test_the_preview_of_a_long_message_is_that_of_the_whole_text() -> None:
+    """``preview`` collapses only a head of a long message (it runs on every append of a
+    user message): for any text, the answer is the one collapsing the whole text gives,
+    whitespace-heavy texts (where the head says too little) included."""
+
+    def whole(text: str) -> str:
+        flat = re.sub(r"\s+", " ", text).strip()
+        return flat if len(flat) <= PREVIEW_CHARS else flat[: PREVIEW_CHARS - 1] + "…"
+
+    rng = random.Random(14)
+    pieces = ["a", "b", " ", "\n", "\t", "\u00a0", "\u2003", "é", "  ", "x" * 50, " " * 300, "\r\n"]
+    for _ in range(20_000):
+        size = rng.choice([0, 1, 5, PREVIEW_CHARS - 1, PREVIEW_CHARS, PREVIEW_CHARS + 1,
+                           4 * PREVIEW_CHARS - 1, 4 * PREVIEW_CHARS, 4 * PREVIEW_CHARS + 1, 5000])
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, size)))[: 2 * size]
+        assert preview(text) == whole(text), repr(text)
+    tail = " " * (10 * PREVIEW_CHARS) + "the message starts late"
+    assert preview(tail) == "the message starts late"
+    assert preview("word " * 100_000) == ("word " * 100)[: PREVIEW_CHARS - 1] + "…"
