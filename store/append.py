@@ -209,9 +209,7 @@ class Appender:
         other writer's object."""
         ctx = self.ctx
         try:
-            attempts = creates.create(
-                ctx.objects, ctx.options.retry, key, staged.data, dict(staged.metadata or {}), staged
-            )
+            attempts = creates.create_staged(ctx.objects, ctx.options.retry, key, staged)
         except BackendUnavailableError as exc:
             return self._put_outcome_unknown(key, nonce, exc)
         if attempts == 0:

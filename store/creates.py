@@ -9,6 +9,8 @@ that read fails the outcome is unknown (``IndeterminateError``), never "not writ
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from store.errors import BackendError, IndeterminateError, ObjectExistsError, ObjectNotFoundError
 from store.object_store import Staged
 from store.objects import ObjectStore, StoredObject
@@ -16,25 +18,29 @@ from store.retry import RetryPolicy
 
 
 def create(
-    objects: ObjectStore, retry: RetryPolicy, key: str, data: bytes, metadata: dict[str, str],
-    staged: Staged | None = None,
+    objects: ObjectStore, retry: RetryPolicy, key: str, data: bytes, metadata: dict[str, str]
 ) -> int:
-    """``put_if_absent`` under ``retry`` (``put_staged`` of ``staged``, the same bytes and
-    metadata, when given). Returns 0 when the object was created, else the number of
-    attempts made when the key was found taken. ``BackendUnavailableError`` when every
-    attempt failed (the create may still have landed)."""
+    """``put_if_absent`` under ``retry``. Returns 0 when the object was created, else the
+    number of attempts made when the key was found taken. ``BackendUnavailableError`` when
+    every attempt failed (the create may still have landed)."""
+    return _attempts(retry, lambda: objects.put_if_absent(key, data, metadata))
+
+
+def create_staged(objects: ObjectStore, retry: RetryPolicy, key: str, staged: Staged) -> int:
+    """``create`` of an object staged before its key was known (``ObjectStore.put_staged``)."""
+    return _attempts(retry, lambda: objects.put_staged(key, staged))
+
+
+def _attempts(retry: RetryPolicy, put: Callable[[], None]) -> int:
     attempts = 0
 
-    def put() -> None:
+    def attempt() -> None:
         nonlocal attempts
         attempts += 1
-        if staged is not None:
-            objects.put_staged(key, staged)
-        else:
-            objects.put_if_absent(key, data, metadata)
+        put()
 
     try:
-        retry.call(put)
+        retry.call(attempt)
     except ObjectExistsError:
         return attempts
     return 0
@@ -57,4 +63,4 @@ def read_taken(objects: ObjectStore, retry: RetryPolicy, key: str, attempts: int
         ) from exc
 
 
-__all__ = ["create", "read_taken"]
+__all__ = ["create", "create_staged", "read_taken"]

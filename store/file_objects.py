@@ -522,15 +522,18 @@ class _FileStaged(Staged):
         fd: int | None = None
         try:
             if dfd is None:
-                dfd = store._open_dir(self.dirs, create=True)
+                # An existing directory only: a missing one (the session's first segment, or
+                # one pruned by a delete) is made by the whole create, after CHECK, so an
+                # append that CHECK refuses (a deleted session, a conflict) makes nothing.
+                dfd = store._open_dir(self.dirs, create=False)
             fd = os.open(".", _O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd)
             _write_all(fd, _blob(self.data, self.metadata))
             if store._fsync:
                 os.fsync(fd)  # the bytes are durable before a name points at them
             store._hook("file.put.staged", fd=fd)
         except OSError:
-            # A cached fd of a removed directory (ext4 refuses O_TMPFILE there: EPERM), a
-            # full disk, ...: put_staged makes the whole create, which walks afresh and
+            # No such directory, a cached fd of a removed one (ext4 refuses O_TMPFILE there:
+            # EPERM), a full disk, ...: put_staged makes the whole create, which walks afresh and
             # meets whatever is wrong with its own errors.
             if fd is not None:
                 os.close(fd)

@@ -228,6 +228,32 @@ def test_a_staged_create_whose_directory_is_removed_before_its_link(tmp_path: Pa
     other.close()
 
 
+def test_preparing_makes_no_directory(tmp_path: Path) -> None:
+    """``prepare`` runs before CHECK has said anything (the session may have been deleted,
+    the append may be refused): it writes only into a directory that exists. Released
+    unused, a staged create into a missing directory leaves no directory behind; put, it is
+    the whole create, which makes the directory."""
+    root = tmp_path / "objects"
+    store = FileObjectStore(root)
+    refused = store.stage(_D + "/", b"refused")
+    refused.prepare()
+    refused.release()
+    assert not (root / "sessions").exists()
+    first = store.stage(_D + "/", b"first", {"nonce": "f"})
+    first.prepare()
+    assert getattr(first, "fd", None) is None  # nothing to write into yet
+    store.put_staged(_seg(1), first)
+    first.release()
+    assert (store.get(_seg(1)).data, store.get(_seg(1)).metadata) == (b"first", {"nonce": "f"})
+    second = store.stage(_D + "/", b"second")
+    second.prepare()
+    assert getattr(second, "fd", None) is not None  # the directory exists now
+    store.put_staged(_seg(2), second)
+    second.release()
+    assert [i.key for i in store.list("sessions/")] == [_seg(1), _seg(2)]
+    store.close()
+
+
 def test_a_staged_create_that_cannot_be_prepared_is_a_whole_create(tmp_path: Path) -> None:
     """Preparing fails (an object where the key needs a directory): nothing is raised then,
     and ``put_staged`` meets the same problem with put_if_absent's own error."""

@@ -180,6 +180,9 @@ def test_a_crash_between_the_steps_of_a_create_leaves_nothing_or_everything(
 ) -> None:
     root = tmp_path / "objects"
     FileObjectStore(root)
+    if how == "staged":
+        # The session's directory exists (prepare writes only into one that does).
+        (root / _KEY).parent.mkdir(parents=True)
     proc = mp.get_context("spawn").Process(target=_crash_at, args=(str(root), point, unnamed, how))
     proc.start()
     proc.join(60)
