@@ -31,6 +31,7 @@ from store.entries import PreparedBatch, prepare_batch
 from store.errors import (
     BackendError,
     BackendUnavailableError,
+    ConditionalWritesUnsupportedError,
     ConflictError,
     ContentionError,
     EntryNotFoundError,
@@ -41,7 +42,7 @@ from store.follow import Follower
 from store.handles import SessionHandle
 from store.headers import HeaderStore, new_header, uuid7
 from store.keys import DataKeys
-from store.layout import Layout, check_layout, check_session_id
+from store.layout import Layout, check_layout, check_session_id, new_ref_token
 from store.layout_record import decide_layout
 from store.listing import (
     NO_FILTER,
@@ -54,6 +55,7 @@ from store.listing import (
 )
 from store.manifest import Manifest, ManifestStore
 from store.markers import check_user_ids, refuse_if_trashed
+from store.object_store import StoredObject
 from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
 from store.read import Reader, SessionData, check_unique_ids
 from store.records import (
@@ -467,7 +469,7 @@ class SessionStore:
         (``SessionNotFoundError`` if the header names another).
         """
         sid = check_session_id(session_id)
-        header = self.headers.read(sid)
+        header, header_object = self.headers.read_object(sid)
         if incarnation is not None and header.incarnation != incarnation:
             raise SessionNotFoundError(sid)
         try:
@@ -475,7 +477,13 @@ class SessionStore:
             self.coord.mark_deleting(sid, header.incarnation)
         except BackendError as exc:
             log.warning("listing summary of %s not marked deleted (%s)", sid, exc)
-        self.options.retry.call(lambda: self.objects.delete(self.layout.header(sid)))
+        self.ctx.fault("delete.before_header", session_id=sid)
+        # Only the header read above: by the time this runs (a pause, a resend after a lost
+        # answer) the session may have been deleted by another process and created again, and
+        # the name is then the new life's header, which an unconditional delete would take
+        # with it (its acknowledged data then unreachable, and GC's). Our life's header is
+        # gone either way; False changes nothing else here.
+        self._delete_header(sid, header_object)
         self.headers.forget(sid)
         self.ctx.fault("delete.after_header", session_id=sid)
         try:
@@ -505,6 +513,16 @@ class SessionStore:
         keys.append(self.layout.trash_entry(sid, header.incarnation))
         self.ctx.fault("delete.before_objects", session_id=sid, keys=keys)
         self.options.retry.call(lambda: self.objects.delete_many(keys))
+
+    def _delete_header(self, sid: str, seen: StoredObject) -> None:
+        key = self.layout.header(sid)
+        try:
+            self.options.retry.call(lambda: self.objects.delete_if_unchanged(key, seen))
+        except ConditionalWritesUnsupportedError:
+            # Only with allow_unsafe_backend (the probe refuses such a backend otherwise).
+            log.warning("%s has no conditional delete: header of %s deleted unconditionally",
+                        type(self.objects).__name__, sid)
+            self.options.retry.call(lambda: self.objects.delete(key))
 
     # --- sessions with pi's semantics ----------------------------------------------------------
 
@@ -555,7 +573,7 @@ class SessionStore:
             "cwd": src_pi.get("cwd", ""),
             "parentSession": sid,
         }
-        fork = ForkPoint(sid, source.header.incarnation, from_entry_id, seq)
+        fork = ForkPoint(sid, source.header.incarnation, from_entry_id, seq, new_ref_token())
         # Registered before the header exists, checked after (store/retention.py,
         # ``live_forks``): a purge of the source either sees this fork or this fork sees the
         # source in the trash and undoes itself.

@@ -18,6 +18,7 @@ What survives what (docs/design.md, "The file backend"):
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import threading
@@ -25,7 +26,7 @@ import uuid
 import weakref
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import orjson
 
@@ -257,7 +258,7 @@ class FileObjectStore(ObjectStore):
                             os.fsync(fd)  # the bytes are durable before a name points at them
                     self._hook("file.put.before_link", key=key, fd=fd, round=round_no)
                     # linkat(AT_SYMLINK_FOLLOW): the /proc link names the open file itself.
-                    os.link(tmp or f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
+                    _link_shared(tmp or f"/proc/self/fd/{fd}", name, dfd)
                     break
                 except FileNotFoundError:
                     # A directory on the way was removed since we walked it (a delete of
@@ -324,7 +325,7 @@ class FileObjectStore(ObjectStore):
         assert fd is not None
         self._hook("file.put.before_link", key=key, fd=fd, round=0)
         try:
-            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
+            _link_shared(f"/proc/self/fd/{fd}", name, dfd)
         except FileNotFoundError:
             staged.release(stale=True)
             return False
@@ -462,8 +463,51 @@ class FileObjectStore(ObjectStore):
             raise _os_error(exc, key) from exc
         finally:
             os.close(dfd)
-        # Empty directories are pruned so a deleted session leaves nothing behind; a
-        # concurrent writer that loses the race walks (creates) its directory again.
+        self._prune(parts)
+
+    def delete_if_unchanged(self, key: str, seen: StoredObject) -> bool:
+        """Unlink ``key`` if it holds ``seen``'s bytes and metadata, under an exclusive
+        ``flock`` of its directory: every link into a directory holds a shared one
+        (``_link_shared``), so no create can give the name to another object between the
+        comparison and the unlink (a plain unlink by name cannot be made conditional)."""
+        parts = check_key(key).split("/")
+        self._count("delete")
+        try:
+            dfd = self._open_dir(parts[:-1], create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+        try:
+            fcntl.flock(dfd, fcntl.LOCK_EX)  # released with the fd
+            try:
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+            except (FileNotFoundError, IsADirectoryError):
+                return False
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    return False  # a directory of other keys
+                raw = _read_all(fd, st.st_size)
+            finally:
+                os.close(fd)
+            held = _unwrap(key, raw)
+            if held.data != seen.data or dict(held.metadata) != dict(seen.metadata):
+                return False
+            self._hook("file.delete.matched", key=key)
+            os.unlink(parts[-1], dir_fd=dfd)
+        except FileNotFoundError:
+            return False  # deleted unconditionally meanwhile
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+        finally:
+            os.close(dfd)
+        self._prune(parts)
+        return True
+
+    def _prune(self, parts: Sequence[str]) -> None:
+        """Empty directories are pruned so a deleted session leaves nothing behind; a
+        concurrent writer that loses the race walks (creates) its directory again."""
         parent = self.root.joinpath(*parts[:-1])
         dirs = tuple(parts[:-1])
         while parent != self.root:
@@ -474,6 +518,17 @@ class FileObjectStore(ObjectStore):
             self._forget_dir(dirs)  # a removed directory's fd: of no use any more
             parent = parent.parent
             dirs = dirs[:-1]
+
+
+def _link_shared(src: str, name: str, dfd: int) -> None:
+    """``linkat`` of ``src`` to ``name`` in ``dfd``, holding a shared ``flock`` of the
+    directory: ``delete_if_unchanged`` holds an exclusive one across its comparison and
+    unlink (creates in one directory do not wait for each other)."""
+    fcntl.flock(dfd, fcntl.LOCK_SH)
+    try:
+        os.link(src, name, dst_dir_fd=dfd, follow_symlinks=True)
+    finally:
+        fcntl.flock(dfd, fcntl.LOCK_UN)
 
 
 def _removed(dfd: int) -> bool:

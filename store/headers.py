@@ -26,6 +26,7 @@ from store.errors import (
     SessionNotFoundError,
 )
 from store.layout import Layout
+from store.object_store import StoredObject
 from store.objects import ObjectStore
 from store.records import ForkPoint, Header
 from store.retry import RetryPolicy
@@ -118,6 +119,11 @@ class HeaderStore:
         return self.read(sid)
 
     def read(self, sid: str) -> Header:
+        return self.read_object(sid)[0]
+
+    def read_object(self, sid: str) -> tuple[Header, StoredObject]:
+        """The header, and the object it was read from (what ``delete_if_unchanged`` of the
+        header conditions on)."""
         key = self.layout.header(sid)
         try:
             obj = self.retry.call(lambda: self.objects.get(key))
@@ -131,7 +137,7 @@ class HeaderStore:
         if header.session_id != sid:
             raise CorruptObjectError(key, 0, f"header names session {header.session_id!r}")
         self.remember(header)
-        return header
+        return header, obj
 
     def create(self, header: Header) -> None:
         """Write the header once: ``SessionExistsError`` if the session exists,

@@ -11,10 +11,10 @@ Two layouts; a store (bucket and prefix) uses one for ever, recorded in the stor
     <prefix>sessions/<h>=<sid>/<inc>/manifest/<gen:016d>.json   compaction manifest
     <prefix>sessions/<h>=<sid>/<inc>/base/<unique>.jsonl        compacted base
     <prefix>sessions/<h>=<sid>/<inc>/keys/<ver:08d>.json        a wrapped data key (store/keys.py)
-    <prefix>streams/refs/<h>=<sid>/<inc>/<fork sid>             a fork of a stream's incarnation
+    <prefix>streams/refs/<h>=<sid>/<inc>/<fork sid>=<token>     a fork of a stream's incarnation
     <prefix>retention/<h>=<sid>/<inc>/<version:016d>.json       a session's retention setting
     <prefix>trash/<h>=<sid>/<inc>                               the trash's index entry
-    <prefix>forks/<h>=<sid>/<inc>/<fork sid>                    a pi fork of an incarnation
+    <prefix>forks/<h>=<sid>/<inc>/<fork sid>=<token>            a pi fork of an incarnation
 
     v1, "flat" (stores written before the layout record existed): the same without ``<h>=``.
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -64,6 +65,25 @@ def check_session_id(session_id: object) -> str:
     if ".." in session_id:
         raise InvalidSessionIdError(session_id, "must not contain '..'")
     return session_id
+
+
+def ref_name(fork_sid: str, token: str) -> str:
+    """A fork's registration with its source: ``<fork sid>=<token>``, the token random per
+    fork create (kept in the fork's header), so that each life of a fork id has its own and
+    a process that drops one life's (after a pause) never drops another's. Registrations
+    written before the token are the bare ``<fork sid>`` (token "")."""
+    return f"{fork_sid}={token}" if token else fork_sid
+
+
+def parse_ref_name(key: str) -> tuple[str, str]:
+    """(fork sid, token) of a registration's key or name (``ref_name``); session ids have
+    no '='."""
+    fork_sid, _, token = key.rsplit("/", 1)[-1].partition("=")
+    return fork_sid, token
+
+
+def new_ref_token() -> str:
+    return uuid.uuid4().hex
 
 
 def is_session_id(name: str) -> bool:
@@ -217,8 +237,8 @@ class Layout:
         empty object a fork, which keeps the source's data while the fork reads it."""
         return f"{self.prefix}streams/refs/{self.dir_name(sid)}/{inc}/"
 
-    def stream_ref(self, sid: str, inc: str, fork_sid: str) -> str:
-        return f"{self.stream_refs_prefix(sid, inc)}{fork_sid}"
+    def stream_ref(self, sid: str, inc: str, fork_sid: str, token: str = "") -> str:
+        return f"{self.stream_refs_prefix(sid, inc)}{ref_name(fork_sid, token)}"
 
     # --- retention (store/retention.py): beside the sessions, so that one LIST finds every
     # session with a setting, every session in the trash, every fork of a source ---
@@ -248,8 +268,8 @@ class Layout:
         """Where the pi forks of an incarnation register (one empty object a fork)."""
         return f"{self.prefix}forks/{self.dir_name(sid)}/{inc}/"
 
-    def fork_ref(self, sid: str, inc: str, fork_sid: str) -> str:
-        return f"{self.fork_refs_prefix(sid, inc)}{fork_sid}"
+    def fork_ref(self, sid: str, inc: str, fork_sid: str, token: str = "") -> str:
+        return f"{self.fork_refs_prefix(sid, inc)}{ref_name(fork_sid, token)}"
 
     def parse_beside(self, key: str, root: str) -> tuple[str, str, str] | None:
         """(session, incarnation, rest) of a key below ``root`` (``retention_prefix``,

@@ -5,7 +5,8 @@
 
 Every state change the store makes is ``put_if_absent``: create object N+1 if it does not
 exist. Nothing is ever overwritten, so that one primitive arbitrates every race. ``delete``
-exists only for garbage collection and ``delete_session``.
+exists only for garbage collection and ``delete_session``, and the one object whose name a
+later life of a session takes again (its header) is removed only by ``delete_if_unchanged``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from store.errors import (
 # the whole key must match, ``\Z`` and not ``$``, which would let a trailing newline through).
 _KEY = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._=-]{0,254}/)*[A-Za-z0-9_][A-Za-z0-9._=-]{0,254}\Z")
 _KEY_MAX = 1024
+#: What ``probe_conditional_writes`` checks: 1 If-None-Match, 2 also conditional deletes.
+_PROBE_VERSION = 2
 
 
 def check_key(key: str) -> str:
@@ -62,6 +65,9 @@ class StoredObject:
     #: file's mtime), or None if it cannot say. GC trusts this over times written inside an
     #: object by a process that may have paused before creating it.
     last_modified_ms: int | None = field(default=None, compare=False)
+    #: The backend's version tag of this object (S3's ``ETag``), if it reports one: what
+    #: ``delete_if_unchanged`` conditions on.
+    etag: str | None = field(default=None, compare=False)
 
 
 class Staged:
@@ -98,6 +104,12 @@ class ObjectStore(ABC):
     - ``list`` returns keys in lexicographic order and pages internally: it is correct past
       1,000 keys.
     - ``delete`` of a missing key is not an error.
+    - ``delete_if_unchanged(key, seen)`` deletes ``key`` only while it still holds the object
+      ``seen`` that a ``get`` of it returned, atomically with respect to ``put_if_absent`` of
+      the same key: a name deleted and created again meanwhile (another object, with other
+      bytes) is left alone. S3's conditional DELETE (``If-Match``). A delete that pauses
+      between its read and its delete, or is resent after an answer it lost, can then never
+      remove what was created under the name in between.
     - A key is never also the directory of other keys (``a/b`` beside ``a/b/c``): backends
       that keep keys as a tree (``FileObjectStore``, SeaweedFS) refuse the second of the two
       (``a/b`` as ``ObjectExistsError``). The store's layout never needs both.
@@ -150,6 +162,16 @@ class ObjectStore(ABC):
         for key in keys:
             self.delete(key)
 
+    def delete_if_unchanged(self, key: str, seen: StoredObject) -> bool:
+        """Delete ``key`` if it still holds ``seen`` (as a ``get`` of it returned it): True.
+        False, changing nothing, if it is absent or holds another object (see the contract).
+        A backend that cannot make this atomic raises ``ConditionalWritesUnsupportedError``
+        (this default); ``probe_conditional_writes`` refuses such a backend."""
+        raise ConditionalWritesUnsupportedError(
+            f"{type(self).__name__} has no conditional delete: a session deleted by a process "
+            "that paused could take the header of the session's next life with it"
+        )
+
     def close(self) -> None:
         pass
 
@@ -175,15 +197,18 @@ class ObjectStore(ABC):
     def verify_conditional_writes(self, prefix: str) -> None:
         """:meth:`probe_conditional_writes` once per store and backend, not once per process.
 
-        A passed probe is recorded as ``<prefix>verdict-<hash of identity>``, created with
-        If-None-Match after the probe passed; a process that finds it (one HEAD) skips the
-        probe. A backend that ignores If-None-Match never passes, so never has a verdict. The
+        A passed probe is recorded as ``<prefix>verdict-<hash of identity and probe
+        version>``, created with If-None-Match after the probe passed; a process that finds it
+        (one HEAD) skips the probe. A backend that ignores If-None-Match (or If-Match on a
+        delete) never passes, so never has a verdict. The
         name holds the backend's identity (kind, endpoint, bucket): a bucket copied, verdict
         and all, to another backend or endpoint is probed again there. A server replaced in
         place behind the same endpoint and bucket is not noticed: delete ``<prefix>verdict-*``
         then (``doctor`` always probes).
         """
-        digest = hashlib.sha256(self.identity.encode()).hexdigest()[:16]
+        # The probe's version is in the name: a store probed before the probe checked more
+        # (conditional deletes, from version 2) is probed again, once.
+        digest = hashlib.sha256(f"{self.identity}\n{_PROBE_VERSION}".encode()).hexdigest()[:16]
         key = f"{prefix}verdict-{digest}"
         if self.head(key) is not None:
             return
@@ -194,13 +219,15 @@ class ObjectStore(ABC):
             pass  # another process of the store recorded it first
 
     def probe_conditional_writes(self, prefix: str) -> None:
-        """Refuse a backend that silently ignores If-None-Match (some emulators do)."""
+        """Refuse a backend that silently ignores If-None-Match (some emulators do), or the
+        If-Match of a conditional delete (``delete_if_unchanged``)."""
         key = f"{prefix}probe/{uuid.uuid4().hex}"
         self.put_if_absent(key, b"1")
         try:
             try:
                 self.put_if_absent(key, b"2")
             except ObjectExistsError:
+                self._probe_conditional_delete(key)
                 return
             raise ConditionalWritesUnsupportedError(
                 f"{type(self).__name__} accepted a second create of {key!r}: it ignores "
@@ -211,6 +238,24 @@ class ObjectStore(ABC):
             )
         finally:
             self.delete(key)
+
+    def _probe_conditional_delete(self, key: str) -> None:
+        """``key`` holds b"1": a delete conditioned on another object must leave it."""
+        seen = self.get(key)
+        other = StoredObject(key, b"2", {}, etag=f'"{hashlib.md5(b"2").hexdigest()}"')
+        if self.delete_if_unchanged(key, other) or self.head(key) is None:
+            raise ConditionalWritesUnsupportedError(
+                f"{type(self).__name__} deleted {key!r} under an If-Match naming another "
+                "object: it ignores conditional deletes, so a session deleted by a process "
+                "that paused could take the header of the session's next life with it. Use a "
+                "backend with conditional deletes (AWS S3 since September 2025; SeaweedFS, 4.30 and 4.48 tested) or pass "
+                "allow_unsafe_backend=True if you accept that."
+            )
+        if not self.delete_if_unchanged(key, seen) or self.head(key) is not None:
+            raise ConditionalWritesUnsupportedError(
+                f"{type(self).__name__} refused a conditional delete of {key!r} naming the "
+                "object it holds"
+            )
 
 
 # --- in memory -------------------------------------------------------------------------------
@@ -271,6 +316,15 @@ class MemoryObjectStore(ObjectStore):
         self._count("delete")
         with self._lock:
             self._objects.pop(key, None)
+
+    def delete_if_unchanged(self, key: str, seen: StoredObject) -> bool:
+        check_key(key)
+        self._count("delete")
+        with self._lock:
+            if self._objects.get(key) != seen:  # key, bytes and metadata
+                return False
+            del self._objects[key]
+            return True
 
 
 # --- local directory -------------------------------------------------------------------------

@@ -45,6 +45,10 @@ class ForkPoint:
     entry_id: str
     #: The source's segment holding ``entry_id`` when the fork was made (0 if compacted).
     seq: int
+    #: The name of this fork's registration with its source (``Layout.fork_ref``), random
+    #: per fork create, so that whoever drops a registration of an earlier life of the
+    #: fork's id never drops this one's. "" in headers written before it was kept.
+    ref: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,7 @@ class Header:
                 "incarnation": self.fork.incarnation,
                 "entry_id": self.fork.entry_id,
                 "seq": self.fork.seq,
+                **({"ref": self.fork.ref} if self.fork.ref else {}),
             },
             "pi_header": self.pi_header,
         }
@@ -107,7 +112,10 @@ class Header:
             pi_header=data["pi_header"],
             fork=None
             if not fork
-            else ForkPoint(fork["session_id"], fork["incarnation"], fork["entry_id"], int(fork["seq"])),
+            else ForkPoint(
+                fork["session_id"], fork["incarnation"], fork["entry_id"], int(fork["seq"]),
+                str(fork.get("ref") or ""),
+            ),
             schema=int(data.get("schema", 1)),
             kind=str(data.get("kind", "pi")),
             config=dict(data.get("config") or {}),

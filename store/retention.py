@@ -31,8 +31,8 @@ Keyed by incarnation, so a session deleted and created again starts without one.
 schedules when to look (``coordination.Coordinator.retention_schedule``); the records and the
 log decide.
 
-**Forks** of pi sessions register with their source (``forks/<dir>/<inc>/<fork>``) before
-their header exists and check afterwards that the source is not in the trash; a purge lists
+**Forks** of pi sessions register with their source (``forks/<dir>/<inc>/<fork>=<token>``,
+the token random per fork create) before their header exists and check afterwards that the source is not in the trash; a purge lists
 the registrations after the trash marker and keeps a source that any live fork reads. Why
 that cannot miss a fork is argued in :meth:`RetentionStore.live_forks`.
 """
@@ -59,6 +59,7 @@ from store.errors import (
     SessionNotFoundError,
     SessionTrashedError,
 )
+from store.layout import parse_ref_name
 from store.markers import (
     _PURGE,
     _RESTORE,
@@ -460,11 +461,14 @@ class RetentionStore:
             store.delete_session(sid, incarnation=inc)
         except SessionNotFoundError:
             pass  # another purge finished it (and the id may live again: not ours to delete)
+        store.ctx.fault("retention.purged_session", session_id=sid)
         keys = [self.layout.trash_entry(sid, inc)]
         keys += self._records(sid, inc)
         keys += self.retry.call(lambda: [i.key for i in self.objects.list(self.layout.fork_refs_prefix(sid, inc))])
         if view.fork is not None:
-            keys.append(self.layout.fork_ref(view.fork.session_id, view.fork.incarnation, sid))
+            # Its own registration only (its token): the id may have been forked again from
+            # the same source since this purge read the view.
+            keys.append(self.layout.fork_ref(view.fork.session_id, view.fork.incarnation, sid, view.fork.ref))
         self.retry.call(lambda: self.objects.delete_many(keys))
         try:
             store.coord.retention_unschedule(sid)
@@ -476,11 +480,11 @@ class RetentionStore:
     # --- forks -------------------------------------------------------------------------------
 
     def register_fork(self, fork: ForkPoint, fork_sid: str) -> str:
-        key = self.layout.fork_ref(fork.session_id, fork.incarnation, fork_sid)
+        key = self.layout.fork_ref(fork.session_id, fork.incarnation, fork_sid, fork.ref)
         try:
             self.retry.call(lambda: self.objects.put_if_absent(key, b""))
         except ObjectExistsError:
-            pass  # a fork of that id registered before (a re-send, or an id reused)
+            pass  # a re-send, or (a fork without a token) an id forked before
         return key
 
     def check_fork_source(self, fork: ForkPoint) -> None:
@@ -507,13 +511,14 @@ class RetentionStore:
         keys = self.retry.call(lambda: [i.key for i in self.objects.list(self.layout.fork_refs_prefix(sid, inc))])
         live = []
         for key in keys:
-            fork_sid = key.rsplit("/", 1)[-1]
+            fork_sid, token = parse_ref_name(key)
             try:
                 header = self.store.headers.read(fork_sid)
             except SessionNotFoundError:
                 continue
             f = header.fork
-            if f is not None and f.session_id == sid and f.incarnation == inc:
+            ours = f is not None and f.session_id == sid and f.incarnation == inc and (not token or f.ref == token)
+            if ours and fork_sid not in live:
                 live.append(fork_sid)
         return live
 

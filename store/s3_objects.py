@@ -150,6 +150,7 @@ class S3ObjectStore(ObjectStore):
             data,
             resp.get("Metadata") or {},
             int(modified.timestamp() * 1000) if modified is not None else None,
+            resp.get("ETag"),
         )
 
     def head(self, key: str) -> ObjectInfo | None:
@@ -320,6 +321,22 @@ class S3ObjectStore(ObjectStore):
             if isinstance(err, ObjectNotFoundError):
                 return
             raise err from exc
+
+    def delete_if_unchanged(self, key: str, seen: StoredObject) -> bool:
+        """DeleteObject with ``If-Match: <seen's ETag>``: 412 (another object, or none on
+        some servers) and 404 (none) are False."""
+        check_key(key)
+        if not seen.etag:
+            raise InvalidInputError(f"no ETag for {key!r}: pass the object a get() of it returned")
+        self._count("delete")
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=key, IfMatch=seen.etag)
+        except Exception as exc:
+            err = _s3_error(exc, key)
+            if isinstance(err, (ObjectExistsError, ObjectNotFoundError)):  # 412, 404
+                return False
+            raise err from exc
+        return True
 
     def delete_many(self, keys: Sequence[str]) -> None:
         for i in range(0, len(keys), 1000):

@@ -52,7 +52,7 @@ from store.errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
-from store.layout import SESSION_ID_RE
+from store.layout import SESSION_ID_RE, new_ref_token, parse_ref_name
 from store.model.rules import REDACTION_TYPE
 from store.segments import read_segment
 from coordination.redis import TailState
@@ -222,6 +222,9 @@ class StreamConfig:
     fork_inc: str | None = None
     fork_offset: Offset | None = None
     fork_sub: int = 0
+    #: The fork's registration with its source: ``Layout.stream_ref``'s token, random per
+    #: fork create ("" in forks made before it was kept).
+    fork_ref: str = ""
     #: Created closed (part of the settings a re-create must match).
     created_closed: bool = False
 
@@ -247,6 +250,7 @@ class StreamConfig:
                 "inc": self.fork_inc,
                 "offset": str(self.fork_offset),
                 "sub": self.fork_sub,
+                **({"ref": self.fork_ref} if self.fork_ref else {}),
             }
         if self.created_closed:
             out["created_closed"] = True
@@ -265,6 +269,7 @@ class StreamConfig:
             fork_inc=fork["inc"] if fork else None,
             fork_offset=Offset.parse(fork["offset"]) if fork else None,
             fork_sub=int(fork.get("sub", 0)) if fork else 0,
+            fork_ref=str(fork.get("ref") or "") if fork else "",
             created_closed=bool(data.get("created_closed", False)),
         )
 
@@ -533,9 +538,10 @@ class Streams:
             fork_inc=src.header.incarnation,
             fork_offset=fork_offset,
             fork_sub=fork_sub,
+            fork_ref=new_ref_token(),
             created_closed=close,
         )
-        ref_key = self.store.layout.stream_ref(config.fork_sid or "", config.fork_inc or "", sid)
+        ref_key = self.store.layout.stream_ref(config.fork_sid or "", config.fork_inc or "", sid, config.fork_ref)
         started = time.monotonic()
         made_ref = self._put_ref(ref_key)
         self.store.ctx.fault("stream.fork.registered", stream=path, source=fork_from)
@@ -557,6 +563,8 @@ class Streams:
             if made_ref:
                 self._drop_ref_unless_forked(ref_key, sid, config)
             raise
+        if not created and made_ref:
+            self._drop_ref(ref_key)  # the stream existed (the same create): its own ref holds
         if created and (time.monotonic() - started) * 1000 > REF_GRACE_MS / 2:
             # Paused between registering and creating: the registration may have been
             # cleared as abandoned. Undo rather than read a source that may be going.
@@ -650,8 +658,8 @@ class Streams:
         try:
             header = self.store.headers.read(sid)
             fork = header.config.get("fork") or {}
-            if fork.get("sid") == config.fork_sid and fork.get("inc") == config.fork_inc:
-                return
+            if (fork.get("sid"), fork.get("inc"), fork.get("ref")) == (config.fork_sid, config.fork_inc, config.fork_ref):
+                return  # our create landed after all
         except SessionNotFoundError:
             pass
         self._drop_ref(key)
@@ -1320,8 +1328,8 @@ class Streams:
         prefix = store.layout.stream_refs_prefix(sid, inc)
         live = False
         for info in list(store.objects.list(prefix)):
-            fork_sid = info.key.rsplit("/", 1)[-1]
-            if self._ref_alive(info.key, fork_sid, sid, inc):
+            fork_sid, token = parse_ref_name(info.key)
+            if self._ref_alive(info.key, fork_sid, token, sid, inc):
                 live = True
         if live:
             return
@@ -1341,34 +1349,45 @@ class Streams:
         except SessionNotFoundError:
             pass
         self._forget_state(sid)
+        store.ctx.fault("stream.collect.deleted", stream=sid)
         cfg = st.config
         if cfg.fork_sid is not None and cfg.fork_inc is not None:
-            self._drop_ref(store.layout.stream_ref(cfg.fork_sid, cfg.fork_inc, sid))
+            # Its own registration only (its token): once its header is gone, the path may
+            # have been forked again from the same source, with a registration of its own.
+            self._drop_ref(store.layout.stream_ref(cfg.fork_sid, cfg.fork_inc, sid, cfg.fork_ref))
             self._collect(cfg.fork_sid, cfg.fork_inc)
 
-    def _ref_alive(self, key: str, fork_sid: str, sid: str, inc: str) -> bool:
-        """Does the fork this registration names still read (sid, inc)? Clears it if not."""
+    def _ref_alive(self, key: str, fork_sid: str, token: str, sid: str, inc: str) -> bool:
+        """Does the fork this registration names still read (sid, inc)? Clears it if not.
+
+        Its fork is the stream whose header names this source and this registration's token
+        (a registration without one: any fork of the source at that id). Without such a
+        header, the registration is a fork's being created right now (its header may only
+        come once another life of the id is gone) while it is younger than ``REF_GRACE_MS``
+        (a creator that took half of that undoes its fork), else abandoned."""
         store = self.store
         try:
-            header = store.headers.read(fork_sid)
+            header: Header | None = store.headers.read(fork_sid)
         except SessionNotFoundError:
             header = None
-        if header is not None:
-            fork = header.config.get("fork") or {}
-            if header.kind == STREAM_KIND and fork.get("sid") == sid and fork.get("inc") == inc:
-                st = self._refreshed(header, True)
-                if st.deleted or self._expired(st):
-                    self._delete_now(st)  # expired or dead: its own delete drops this ref
-                    return store.objects.head(key) is not None
-                return True
-        else:
-            try:
-                obj = store.options.retry.call(lambda: store.objects.get(key))
-            except ObjectNotFoundError:
-                return False
-            made = obj.last_modified_ms
-            if made is None or int(time.time() * 1000) - made < REF_GRACE_MS:
-                return True  # a fork being created right now
+        fork = (header.config.get("fork") or {}) if header is not None else {}
+        if (
+            header is not None and header.kind == STREAM_KIND
+            and fork.get("sid") == sid and fork.get("inc") == inc
+            and (not token or fork.get("ref") == token)
+        ):
+            st = self._refreshed(header, True)
+            if st.deleted or self._expired(st):
+                self._delete_now(st)  # expired or dead: its own delete drops this ref
+                return store.objects.head(key) is not None
+            return True
+        try:
+            obj = store.options.retry.call(lambda: store.objects.get(key))
+        except ObjectNotFoundError:
+            return False
+        made = obj.last_modified_ms
+        if made is None or int(time.time() * 1000) - made < REF_GRACE_MS:
+            return True  # a fork being created right now
         self._drop_ref(key)
         return False
 

@@ -17,6 +17,7 @@ Every backend of this repository is held to it in ``tests/test_objects.py``. Nee
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterator
 
 import pytest
@@ -157,6 +158,33 @@ class ObjectStoreContract:
         objects.delete_many(keys[:3] + [f"{prefix}dm/absent"])
         assert [i.key for i in objects.list(f"{prefix}dm/")] == keys[3:]
 
+    def test_delete_if_unchanged_deletes_only_the_object_it_saw(self, objects: ObjectStore, prefix: str) -> None:
+        """The header's delete: a name deleted and created again after the read (by another
+        process, while this one paused) keeps the new object, and so does a resend of a
+        delete that had landed."""
+        key = f"{prefix}cd/header"
+        objects.put_if_absent(key, b"life 1", {"nonce": "1"})
+        first = objects.get(key)
+        objects.delete(key)
+        objects.put_if_absent(key, b"life 2", {"nonce": "2"})
+        assert objects.delete_if_unchanged(key, first) is False
+        assert objects.get(key).data == b"life 2"
+        second = objects.get(key)
+        assert objects.delete_if_unchanged(key, second) is True
+        assert objects.head(key) is None
+        # A resend of the delete that landed, after the name was taken again: refused.
+        objects.put_if_absent(key, b"life 3", {"nonce": "3"})
+        assert objects.delete_if_unchanged(key, second) is False
+        assert objects.get(key).data == b"life 3"
+        # Absent: nothing to do, no error.
+        assert objects.delete_if_unchanged(f"{prefix}cd/absent", second) is False
+
+    def test_delete_if_unchanged_racing_creates(self, objects: ObjectStore, prefix: str) -> None:
+        """Deleters of the one object they read race with creators of the name's next object:
+        only the object the deleters saw goes, once, and the creator that won keeps its own."""
+        for round_no in range(4):
+            _race_deletes_and_creates(objects, f"{prefix}cdr/{round_no}")
+
     def test_racing_creates_have_exactly_one_winner(self, objects: ObjectStore, prefix: str) -> None:
         for round_no in range(5):
             key = f"{prefix}race/{round_no}"
@@ -248,3 +276,37 @@ class ObjectStoreContract:
 
 
 __all__ = ["TRICKY", "ObjectStoreContract", "check_tricky_listing"]
+
+
+def _race_deletes_and_creates(objects: ObjectStore, key: str) -> None:
+    objects.put_if_absent(key, b"old")
+    seen = objects.get(key)
+    barrier = threading.Barrier(6)
+    created: list[int] = []
+    deleted: list[bool] = []
+
+    def delete() -> None:
+        barrier.wait()
+        deleted.append(objects.delete_if_unchanged(key, seen))
+
+    def create(i: int) -> None:
+        barrier.wait()
+        for _ in range(50):
+            try:
+                objects.put_if_absent(key, f"new {i}".encode())
+                created.append(i)
+                return
+            except ObjectExistsError:
+                time.sleep(0.001)
+
+    threads = [threading.Thread(target=delete) for _ in range(3)]
+    threads += [threading.Thread(target=create, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Exactly one deleter removed "old"; none removed a new object, so the creator that won
+    # keeps its object.
+    assert deleted.count(True) == 1, deleted
+    assert len(created) == 1, created
+    assert objects.get(key).data == f"new {created[0]}".encode()

@@ -377,6 +377,9 @@ class _HookedObjects(ObjectStore):
     def delete(self, key: str) -> None:
         self.inner.delete(key)
 
+    def delete_if_unchanged(self, key: str, seen: StoredObject) -> bool:
+        return self.inner.delete_if_unchanged(key, seen)
+
 
 def test_reader_slower_than_the_grace_period_starts_over_instead_of_truncating(
     s3_url: str, redis_url: str, redis_prefix: str, make_store: Callable[..., SessionStore]

@@ -358,3 +358,48 @@ def test_eviction_and_close_close_the_fds(tmp_path: Path) -> None:
     del dropped  # never closed: the finalizer closes its fds
     gc.collect()
     assert _open_fds(root) == before
+
+
+@pytest.mark.parametrize("create", ["put_if_absent", "put_staged"])
+def test_a_conditional_delete_holds_off_creates_between_its_comparison_and_its_unlink(
+    tmp_path: Path, create: str
+) -> None:
+    """The deleter compared the object with the one it read and paused before its unlink.
+    Meanwhile another process deleted the object and created the name again. Its create's
+    link waits for the deleter (whose unlink of the old name then finds nothing), so the new
+    object stays: without the directory lock, the deleter's unlink by name would remove it."""
+    root = tmp_path / "objects"
+    pause = Pause("file.delete.matched")
+    deleter = FileObjectStore(root, fault_hook=pause)
+    other = FileObjectStore(root)
+    key = "sessions/s1/header.json"
+    other.put_if_absent("sessions/s1/inc0/k", b"x")  # the directory is not pruned
+    other.put_if_absent(key, b"life 1", {"nonce": "1"})
+    seen = deleter.get(key)
+    deleting = InThread(lambda: deleter.delete_if_unchanged(key, seen))
+    pause.wait_paused()
+    other.delete(key)
+    if create == "put_staged":
+        staged = other.stage("sessions/s1/", b"life 2", {"nonce": "2"})
+        staged.prepare()
+        creating = InThread(lambda: other.put_staged(key, staged))
+    else:
+        creating = InThread(lambda: other.put_if_absent(key, b"life 2", {"nonce": "2"}))
+    creating._thread.join(0.5)
+    assert creating._thread.is_alive()  # its link waits for the deleter's lock
+    pause.release()
+    assert deleting.result() is False  # the object it saw was gone when it unlinked
+    creating.result()
+    assert other.get(key).data == b"life 2"
+    assert FileObjectStore(root).get(key).data == b"life 2"
+
+
+def test_a_conditional_delete_of_a_symlink_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "objects"
+    store = FileObjectStore(root)
+    store.put_if_absent("a/real", b"x")
+    seen = store.get("a/real")
+    os.symlink(root / "a" / "real", root / "a" / "link")
+    with pytest.raises(InvalidInputError):
+        store.delete_if_unchanged("a/link", seen)
+    assert store.get("a/real").data == b"x"

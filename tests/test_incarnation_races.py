@@ -87,6 +87,71 @@ def test_a_paused_delete_never_removes_the_next_life_of_the_session(
     assert not list(other.objects.list(other.layout.incarnation_prefix("again", old_inc)))
 
 
+def _delete_paused_before_the_header(make: Callable[..., SessionStore], fresh: Callable[[], SessionStore]) -> None:
+    """The deleter read life 1's header and paused before deleting it (or its delete landed
+    and its answer was lost: the resend comes after the pause). Meanwhile another process
+    deleted life 1 and created life 2, whose appends were acknowledged. When the deleter
+    carries on, the header it deletes is only the one it read: life 2 keeps its header and
+    every entry, read from the objects alone."""
+    pause = Pause("delete.before_header")
+    deleter = make(fault_hook=pause)
+    other = make()
+    other.create_session("twice")
+    other.append_session_entries("twice", [msg("old1", None)])
+    old_inc = other.get_header("twice").incarnation
+    deleting = InThread(lambda: deleter.delete_session("twice"))
+    pause.wait_paused()
+    other.delete_session("twice")
+    new_inc = other.create_session("twice").header.incarnation
+    other.append_session_entries("twice", [msg("new1", None)])
+    other.append_session_entries("twice", [msg("new2", "new1")])
+    pause.release()
+    deleting.result()  # no error: life 1 is deleted, as the caller asked
+    assert other.objects.head(other.layout.header("twice")) is not None
+    reader = fresh()
+    assert reader.get_header("twice").incarnation == new_inc
+    assert ids(reader, "twice") == ["new1", "new2"]
+    other.append_session_entries("twice", [msg("new3", "new2")])
+    assert ids(fresh(), "twice") == ["new1", "new2", "new3"]
+    assert not list(other.objects.list(other.layout.incarnation_prefix("twice", old_inc)))
+    # And the deleter deletes life 2 when asked (its cached header is not the one it deletes).
+    deleter.delete_session("twice")
+    assert other.objects.head(other.layout.header("twice")) is None
+
+
+def test_a_delete_paused_before_the_header_never_deletes_the_next_lifes_header(
+    make_store: Callable[..., SessionStore]
+) -> None:
+    _delete_paused_before_the_header(make_store, lambda: from_objects(make_store))
+
+
+def test_a_delete_paused_before_the_header_on_the_file_backend(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    """The same on the embedded default's backend (its conditional delete is an exclusive
+    lock of the directory against every create's link)."""
+    from coordination.redis import Coordinator
+    from store import StoreOptions
+    from store.objects import FileObjectStore
+
+    made: list[SessionStore] = []
+
+    def make(redis_prefix: str = redis_prefix, **options: Any) -> SessionStore:
+        coord = Coordinator.from_url(redis_url, prefix=redis_prefix)
+        store = SessionStore(
+            FileObjectStore(tmp_path / "objects"), coord,
+            options=StoreOptions(redis_prefix=redis_prefix, **options),
+        )
+        made.append(store)
+        return store
+
+    try:
+        _delete_paused_before_the_header(make, lambda: make(redis_prefix=f"fresh-{uuid.uuid4().hex[:8]}"))
+    finally:
+        for store in made:
+            store.close()
+
+
 def _paused_create(make_store: Callable[..., SessionStore], keyring: Path, sid: str) -> tuple[Pause, InThread, SessionStore]:
     """An encrypted create stopped after its data key and before its header."""
     pause = Pause("create.before_header")

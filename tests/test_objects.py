@@ -29,6 +29,7 @@ from store.objects import (
     MemoryObjectStore,
     ObjectStore,
     S3ObjectStore,
+    StoredObject,
     parse_s3_url,
     s3_prefix_of,
 )
@@ -355,6 +356,48 @@ class LyingObjectStore(MemoryObjectStore):
 def test_probe_refuses_backend_that_ignores_conditional_writes() -> None:
     with pytest.raises(ConditionalWritesUnsupportedError):
         LyingObjectStore().probe_conditional_writes("_probe/")
+
+
+class IgnoresDeleteConditions(MemoryObjectStore):
+    """A backend that deletes whatever a conditional delete names (If-Match ignored)."""
+
+    def delete_if_unchanged(self, key: str, seen: StoredObject) -> bool:
+        with self._lock:
+            return self._objects.pop(key, None) is not None
+
+
+class NoConditionalDeletes(MemoryObjectStore):
+    """A backend without conditional deletes at all (the seam's default)."""
+
+    delete_if_unchanged = ObjectStore.delete_if_unchanged
+
+
+@pytest.mark.parametrize("backend", [IgnoresDeleteConditions, NoConditionalDeletes])
+def test_probe_refuses_backend_without_conditional_deletes(backend: type[MemoryObjectStore]) -> None:
+    objects = backend()
+    with pytest.raises(ConditionalWritesUnsupportedError, match="conditional delete"):
+        objects.probe_conditional_writes("_probe/")
+    with pytest.raises(ConditionalWritesUnsupportedError):
+        objects.verify_conditional_writes("_v/")
+    assert list(objects.list("_v/")) == []  # no verdict recorded
+
+
+def test_a_verdict_of_the_earlier_probe_is_not_taken_for_this_one() -> None:
+    """A store whose backend passed the probe before it checked conditional deletes is
+    probed again (and refused if its backend ignores them)."""
+    import hashlib
+
+    objects = IgnoresDeleteConditions()
+    old = hashlib.sha256(objects.identity.encode()).hexdigest()[:16]
+    objects.put_if_absent(f"_v/verdict-{old}", b"passed\n")
+    with pytest.raises(ConditionalWritesUnsupportedError):
+        objects.verify_conditional_writes("_v/")
+    fine = MemoryObjectStore()
+    fine.verify_conditional_writes("_v/")
+    assert len(list(fine.list("_v/"))) == 1
+    requests = dict(fine.requests)
+    fine.verify_conditional_writes("_v/")  # found: one HEAD, no probe
+    assert fine.requests["head"] == requests["head"] + 1 and fine.requests["put"] == requests["put"]
 
 
 def test_s3_url_parsing() -> None:

@@ -231,6 +231,35 @@ def test_a_fork_keeps_its_source_until_the_fork_is_gone(store: SessionStore) -> 
     assert not list(store.objects.list(store.layout.prefix + "forks/"))
 
 
+def test_a_purge_paused_before_its_registration_never_drops_the_next_forks(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """Fork F of S is purged: the purge deleted F's session and paused before deleting F's
+    registration with S. Meanwhile F is forked from S again (the same id, a new life) and
+    written to. The purge then deletes only the registration of the life it purged (each
+    fork registers under a token of its own, kept in its header), so a purge of S still finds
+    the new F and keeps S, from which F reads its history."""
+    clock = FakeClock()
+    pause = Pause("retention.purged_session", lambda ctx: ctx["session_id"] == "fork")
+    purger = make_store(fault_hook=pause)
+    store = make_store()
+    ids = fill(store, "src")
+    store.branch_from_entry("src", ids[1], "fork")
+    purger.retention.trash(purger.retention.view("fork")[0], reason="test", grace_ms=0, now=clock())
+    purging = InThread(lambda: purger.retention.purge(purger.retention.view("fork")[0], now=clock(), force=True))
+    pause.wait_paused()
+    store.branch_from_entry("src", ids[2], "fork")
+    store.append_session_entries("fork", [msg("g1", ids[2])])
+    pause.release()
+    purging.result()
+    store.retention.trash(store.retention.view("src")[0], reason="test", grace_ms=0, now=clock())
+    with pytest.raises(SessionHasForksError):
+        store.retention.purge(store.retention.view("src")[0], now=clock(), force=True)
+    assert [e["id"] for e in store.load_session_entries("fork")] == ids + ["g1"]
+    [item] = store.list_trash()
+    assert item.forks == ("fork",)
+
+
 def test_dry_run_changes_nothing(store: SessionStore) -> None:
     clock = FakeClock()
     for sid in ("d1", "d2", "d3"):

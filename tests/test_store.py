@@ -341,6 +341,30 @@ def test_store_refuses_a_backend_that_ignores_conditional_writes(redis_url: str,
     unsafe.close()
 
 
+def test_store_refuses_a_backend_without_conditional_deletes(redis_url: str, redis_prefix: str) -> None:
+    """A backend that ignores If-Match on a delete (or has no conditional delete) is refused
+    like one that ignores If-None-Match; accepted explicitly, its deletes are unconditional."""
+    from coordination.redis import Coordinator
+    from store import StoreOptions
+    from store.errors import ConditionalWritesUnsupportedError, SessionNotFoundError
+    from test_objects import IgnoresDeleteConditions, NoConditionalDeletes
+
+    coord = Coordinator.from_url(redis_url, prefix=redis_prefix)
+    for backend in (IgnoresDeleteConditions, NoConditionalDeletes):
+        with pytest.raises(ConditionalWritesUnsupportedError, match="conditional delete"):
+            SessionStore(backend(), coord)
+    unsafe = SessionStore(
+        NoConditionalDeletes(), coord, options=StoreOptions(redis_prefix=redis_prefix, allow_unsafe_backend=True)
+    )
+    unsafe.create_session("risky")
+    unsafe.append_session_entries("risky", [entry("a", None)])
+    unsafe.delete_session("risky")
+    with pytest.raises(SessionNotFoundError):
+        unsafe.get_header("risky")
+    assert list(unsafe.objects.list(unsafe.layout.session_prefix("risky"))) == []
+    unsafe.close()
+
+
 @pytest.mark.parametrize(
     "bad",
     [

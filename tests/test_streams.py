@@ -144,3 +144,48 @@ def test_an_append_checked_against_an_ended_life_never_lands_in_the_next(
         writer_store.append_session_entries("s", [record], "", incarnation=checked)
     assert other.read("s", START).messages == []
     assert other.read("s", START).next_offset == START
+
+
+def test_a_collector_paused_before_dropping_a_forks_registration_never_drops_the_next_ones(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """Fork F of S is deleted: its collector removed F's session and paused before dropping
+    F's registration with S. Meanwhile F is forked from S again (the same path, a new life)
+    and written to. The collector then drops only the registration of the life it removed
+    (each fork create registers under a token of its own), so when S is deleted the new F
+    still holds it: S's data stays, and F reads its whole history."""
+    fork_sid = stream_session_id("fork")
+    pause = Pause("stream.collect.deleted", lambda ctx: ctx["stream"] == fork_sid)
+    collector = Streams(make_store(fault_hook=pause))
+    other = Streams(make_store())
+    other.create("src", content_type=TEXT, msgs=[b"one;"])
+    other.create("fork", fork_from="src")
+    gone = InThread(lambda: collector.delete("fork"))
+    pause.wait_paused()
+    other.create("fork", fork_from="src")
+    other.append("fork", [b"mine;"], content_type=TEXT)
+    pause.release()
+    gone.result()
+    other.delete("src")
+    with pytest.raises(StreamGoneError):
+        other.read("src", START)  # tombstoned, kept for the fork that reads it
+    fresh = Streams(make_store(redis_prefix="fresh-" + fork_sid[:8]))
+    assert b"".join(fresh.read("fork", START).messages) == b"one;mine;"
+    other.delete("fork")  # takes the source along
+    assert _leftovers(other.store, "src", "fork") == []
+
+
+def test_a_repeated_fork_create_leaves_one_registration(make_store: Callable[..., SessionStore]) -> None:
+    """A create of an existing fork with the same settings is the same create (idempotent):
+    the registration it made under its own token is dropped, the fork's own stays."""
+    s = Streams(make_store())
+    s.create("src", content_type=TEXT, msgs=[b"one;"])
+    s.create("fork", fork_from="src")
+    created, _ = s.create("fork", fork_from="src")
+    assert created is False
+    refs = [i.key for i in s.store.objects.list(s.store.layout.prefix + "streams/refs/")]
+    assert len(refs) == 1 and refs[0].rsplit("/", 1)[-1].startswith(stream_session_id("fork") + "=")
+    s.delete("src")
+    assert b"".join(s.read("fork", START).messages) == b"one;"
+    s.delete("fork")
+    assert _leftovers(s.store, "src", "fork") == []

@@ -112,7 +112,8 @@ def _object_checks(checks: list[Check], objects: ObjectStore, layout: Layout) ->
             objects.probe_conditional_writes(layout.probe_prefix)
         except ConditionalWritesUnsupportedError as exc:
             return "fail", str(exc)
-        return "ok", "a second create of the same key was refused (If-None-Match: * honoured)"
+        return "ok", ("a second create of the same key was refused (If-None-Match: * honoured), "
+                      "and a delete naming another object (If-Match honoured)")
 
     _run(checks, "objects: conditional writes", conditional)
 
