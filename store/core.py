@@ -505,12 +505,15 @@ class SessionStore:
         prefix = self.layout.incarnation_prefix(sid, header.incarnation)
         keys = [i.key for i in self.objects.list(prefix)]
         # And what the incarnation has beside the sessions: its retention settings and trash
-        # entry (store/retention.py). Keyed by the incarnation too, so never the next life's.
+        # index entries (store/retention.py). Keyed by the incarnation too, so never the next life's.
         try:
             keys += self.retention.records_of(sid, header.incarnation)
         except BackendError as exc:
             log.warning("retention records of deleted session %s left (%s)", sid, exc)
-        keys.append(self.layout.trash_entry(sid, header.incarnation))
+        try:
+            keys += self.retention.trash_entries(sid, header.incarnation)
+        except BackendError as exc:
+            log.warning("trash index entries of deleted session %s left (%s)", sid, exc)
         self.ctx.fault("delete.before_objects", session_id=sid, keys=keys)
         self.options.retry.call(lambda: self.objects.delete_many(keys))
 

@@ -13,7 +13,7 @@ Two layouts; a store (bucket and prefix) uses one for ever, recorded in the stor
     <prefix>sessions/<h>=<sid>/<inc>/keys/<ver:08d>.json        a wrapped data key (store/keys.py)
     <prefix>streams/refs/<h>=<sid>/<inc>/<fork sid>=<token>     a fork of a stream's incarnation
     <prefix>retention/<h>=<sid>/<inc>/<version:016d>.json       a session's retention setting
-    <prefix>trash/<h>=<sid>/<inc>                               the trash's index entry
+    <prefix>trash/<h>=<sid>/<inc>.<token>                       the trash index entry of one trash event
     <prefix>forks/<h>=<sid>/<inc>/<fork sid>=<token>            a pi fork of an incarnation
 
     v1, "flat" (stores written before the layout record existed): the same without ``<h>=``.
@@ -80,6 +80,12 @@ def parse_ref_name(key: str) -> tuple[str, str]:
     no '='."""
     fork_sid, _, token = key.rsplit("/", 1)[-1].partition("=")
     return fork_sid, token
+
+
+def marker_token(marker_id: str) -> str:
+    """The random part of a trash marker's entry id (``store/markers.py``: its last
+    dot-separated part), which names the marker's trash index entry."""
+    return marker_id.rsplit(".", 1)[-1]
 
 
 def new_ref_token() -> str:
@@ -259,9 +265,18 @@ class Layout:
     def trash_prefix(self) -> str:
         return f"{self.prefix}trash/"
 
-    def trash_entry(self, sid: str, inc: str) -> str:
-        """The trash's index entry of an incarnation (a hint: the session's log says whether
-        it is in the trash)."""
+    def trash_entry(self, sid: str, inc: str, marker_id: str = "") -> str:
+        """The trash's index entry of one trash event of an incarnation, ``<inc>.<token>``
+        with the token of that event's trash marker (a hint: the session's log says whether
+        it is in the trash). Each event has its own, so a restore that paused before dropping
+        its event's entry never drops the entry of the next event (the session trashed again
+        meanwhile). Written before the token was kept: ``<inc>`` (``marker_id`` "")."""
+        key = self.trash_entries_prefix(sid, inc)
+        return f"{key}.{marker_token(marker_id)}" if marker_id else key
+
+    def trash_entries_prefix(self, sid: str, inc: str) -> str:
+        """Every index entry of the incarnation's trash events (a LIST prefix; incarnation
+        ids have one length, so no other incarnation's entries match)."""
         return f"{self.trash_prefix}{self.dir_name(sid)}/{inc}"
 
     def fork_refs_prefix(self, sid: str, inc: str) -> str:

@@ -59,7 +59,7 @@ from store.errors import (
     SessionNotFoundError,
     SessionTrashedError,
 )
-from store.layout import parse_ref_name
+from store.layout import marker_token, parse_ref_name
 from store.markers import (
     _PURGE,
     _RESTORE,
@@ -360,17 +360,19 @@ class RetentionStore:
         store = self.store
         sid, inc = view.session_id, view.incarnation
         purge_after = now + grace_ms
-        index = self.layout.trash_entry(sid, inc)
+        marker = _marker("trash", view.last_entry_id, now, purge_after_ms=purge_after, reason=reason)
+        # This trash event's own entry (named by its marker): no other event's restore or
+        # failed trash drops it.
+        index = self.layout.trash_entry(sid, inc, marker["id"])
         self._put_index(index, {"reason": reason, "at": now, "purge_after_ms": purge_after})
         store.ctx.fault("retention.before_trash", session_id=sid)
-        marker = _marker("trash", view.last_entry_id, now, purge_after_ms=purge_after, reason=reason)
         from store.records import EMPTY_TAIL
 
         try:
             store.appender.append(sid, prepare_batch([marker]), view.last_entry_id or EMPTY_TAIL,
                                   incarnation=inc)
         except (ConflictError, SessionNotFoundError):
-            self._drop_index_unless_trashed(sid, index)
+            self._drop_index_unless_trashed(sid, index, marker["id"])
             raise
         self._put_index(index, {"reason": reason, "at": now, "purge_after_ms": purge_after})
         self._schedule(sid, purge_after)
@@ -384,13 +386,20 @@ class RetentionStore:
         except ObjectExistsError:
             pass
 
-    def _drop_index_unless_trashed(self, sid: str, index: str) -> None:
+    def _drop_index_unless_trashed(self, sid: str, index: str, marker_id: str) -> None:
+        """Drop the entry of a trash event whose marker was refused, unless the marker is in
+        the log after all (only this event's entry: another event's is its own)."""
         try:
-            mark = trash_mark(self.store.get_tail(sid).last_entry_id)
+            last = self.store.get_tail(sid).last_entry_id
         except SessionNotFoundError:
-            mark = None
-        if mark is None:
+            last = ""
+        if last != marker_id:
             self.retry.call(lambda: self.objects.delete(index))
+
+    def trash_entries(self, sid: str, inc: str) -> list[str]:
+        """The trash index entries of the incarnation, of every trash event (one LIST)."""
+        prefix = self.layout.trash_entries_prefix(sid, inc)
+        return self.retry.call(lambda: [i.key for i in self.objects.list(prefix)])
 
     def _count(self, event: str) -> None:
         try:
@@ -424,8 +433,16 @@ class RetentionStore:
             if later is not None and later.purging:
                 raise SessionTrashedError(sid, later.purge_after_ms, purging=True) from None
             raise NotInTrashError(sid, "restored or purged meanwhile") from None
+        store.ctx.fault("retention.restored", session_id=sid)
+        # The entry of the trash event restored (the marker at the tail), and one written
+        # before entries were named by their event: never the entry of a later event, which
+        # a restore paused here would otherwise drop when the session is trashed again.
+        entries = [
+            self.layout.trash_entry(sid, header.incarnation, tail.last_entry_id),
+            self.layout.trash_entry(sid, header.incarnation),
+        ]
         try:
-            self.retry.call(lambda: self.objects.delete(self.layout.trash_entry(sid, header.incarnation)))
+            self.retry.call(lambda: self.objects.delete_many(entries))
         except BackendError as exc:
             log.info("trash index entry of %s left for the runner (%s)", sid, exc)
         self._schedule(sid, now)  # the runner computes its next deadline
@@ -462,7 +479,7 @@ class RetentionStore:
         except SessionNotFoundError:
             pass  # another purge finished it (and the id may live again: not ours to delete)
         store.ctx.fault("retention.purged_session", session_id=sid)
-        keys = [self.layout.trash_entry(sid, inc)]
+        keys = self.trash_entries(sid, inc)
         keys += self._records(sid, inc)
         keys += self.retry.call(lambda: [i.key for i in self.objects.list(self.layout.fork_refs_prefix(sid, inc))])
         if view.fork is not None:
@@ -526,32 +543,41 @@ class RetentionStore:
 
     def list_trash(self) -> list[TrashItem]:
         """Every session in the trash: the index, each entry checked against the session's
-        log (an entry whose session is not trashed is left out)."""
-        out = []
+        log (an entry whose session is not trashed, or of an earlier trash event, is left
+        out; one item a session)."""
+        found: dict[tuple[str, str], TrashItem] = {}
         prefix = self.layout.trash_prefix
         for info in self.retry.call(lambda: list(self.objects.list(prefix))):
             parsed = self.layout.parse_beside(info.key, prefix)
-            if parsed is None:
+            if parsed is None or parsed[2]:
                 continue
-            item = self.trash_item(parsed[0], parsed[1], info.key)
+            inc, _, token = parsed[1].partition(".")
+            item = self.trash_item(parsed[0], inc, info.key, token)
             if item is not None:
-                out.append(item)
-        return out
+                seen = found.get((item.session_id, inc))
+                if seen is None or item.trashed_at_ms > seen.trashed_at_ms:
+                    found[item.session_id, inc] = item
+        return list(found.values())
 
-    def trash_item(self, sid: str, inc: str, key: str | None = None) -> TrashItem | None:
+    def trash_item(self, sid: str, inc: str, key: str, token: str = "") -> TrashItem | None:
+        """The item of index entry ``key`` (of the trash event ``token``; "" for an entry
+        written before events had their own), None unless the session's log says it is in
+        the trash by that event. (A purge in progress has its own marker at the tail: its
+        event is not known there, and ``list_trash`` keeps the newest entry.)"""
         try:
             header = self.store.headers.read(sid)
             if header.incarnation != inc:
                 return None
             self.store.headers.forget(sid)
-            mark = trash_mark(self.store.get_tail(sid).last_entry_id)
+            last = self.store.get_tail(sid).last_entry_id
         except SessionNotFoundError:
             return None
-        if mark is None:
+        mark = trash_mark(last)
+        if mark is None or (token and not mark.purging and marker_token(last) != token):
             return None
         meta: dict[str, Any] = {}
         try:
-            meta = orjson.loads(self.objects.get(key or self.layout.trash_entry(sid, inc)).data)
+            meta = orjson.loads(self.objects.get(key).data)
         except (ObjectNotFoundError, orjson.JSONDecodeError):
             pass
         return TrashItem(sid, inc, mark.purge_after_ms, mark.purging, int(meta.get("at", 0)),

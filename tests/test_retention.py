@@ -260,6 +260,55 @@ def test_a_purge_paused_before_its_registration_never_drops_the_next_forks(
     assert item.forks == ("fork",)
 
 
+def test_a_restore_paused_before_dropping_its_index_entry_never_hides_the_next_trashing(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """A restore committed its marker and paused before dropping the trash index entry;
+    meanwhile the session is trashed again. The restore then drops only the entry of the
+    trash event it undid (each event has its own), so ``trash ls`` still shows the session,
+    with the new event's reason; a restore of that event drops its entry in turn."""
+    clock = FakeClock()
+    pause = Pause("retention.restored", lambda ctx: ctx["session_id"] == "again")
+    restorer = make_store(fault_hook=pause)
+    store = make_store()
+    fill(store, "again")
+    store.retention.trash(store.retention.view("again")[0], reason="first", grace_ms=GRACE, now=clock())
+    restoring = InThread(lambda: restorer.restore_session("again"))
+    pause.wait_paused()
+    store.retention.trash(store.retention.view("again")[0], reason="second", grace_ms=GRACE, now=clock())
+    pause.release()
+    restoring.result()
+    [item] = store.list_trash()
+    assert (item.session_id, item.reason) == ("again", "second")
+    store.restore_session("again")
+    assert store.list_trash() == []
+    assert not list(store.objects.list(store.layout.trash_prefix))
+
+
+def test_trash_ls_shows_one_item_a_session_whatever_entries_are_left(store: SessionStore) -> None:
+    """An entry left by an earlier trash event (a restore that stopped before dropping it)
+    or written before entries were named by their event is shown only for the event in the
+    log, once."""
+    clock = FakeClock()
+    fill(store, "left")
+    store.retention.trash(store.retention.view("left")[0], reason="first", grace_ms=GRACE, now=clock())
+    inc = store.get_header("left").incarnation
+    first = [i.key for i in store.objects.list(store.layout.trash_entries_prefix("left", inc))]
+    restored_from = store.get_tail("left").last_entry_id
+    store.restore_session("left")
+    # As if that restore had stopped before its delete, and an entry of an older version.
+    store.objects.put_if_absent(first[0], b'{"reason": "first", "at": 1}')
+    store.objects.put_if_absent(store.layout.trash_entry("left", inc), b'{"reason": "legacy", "at": 2}')
+    assert store.layout.trash_entry("left", inc, restored_from) == first[0]
+    assert store.list_trash() == []  # not in the trash: every entry left out
+    clock.advance(10)
+    store.retention.trash(store.retention.view("left")[0], reason="second", grace_ms=GRACE, now=clock())
+    [item] = store.list_trash()
+    assert item.reason == "second"
+    store.delete_session("left")  # every entry of the incarnation goes with it
+    assert not list(store.objects.list(store.layout.trash_prefix))
+
+
 def test_dry_run_changes_nothing(store: SessionStore) -> None:
     clock = FakeClock()
     for sid in ("d1", "d2", "d3"):
