@@ -291,12 +291,15 @@ def _race_deletes_and_creates(objects: ObjectStore, key: str) -> None:
 
     def create(i: int) -> None:
         barrier.wait()
-        for _ in range(50):
+        while True:  # until a create lands, or every deleter has answered and one more try
+            answered = len(deleted) == 3
             try:
                 objects.put_if_absent(key, f"new {i}".encode())
                 created.append(i)
                 return
             except ObjectExistsError:
+                if answered:
+                    return
                 time.sleep(0.001)
 
     threads = [threading.Thread(target=delete) for _ in range(3)]

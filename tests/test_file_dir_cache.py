@@ -385,8 +385,7 @@ def test_a_conditional_delete_holds_off_creates_between_its_comparison_and_its_u
         creating = InThread(lambda: other.put_staged(key, staged))
     else:
         creating = InThread(lambda: other.put_if_absent(key, b"life 2", {"nonce": "2"}))
-    creating._thread.join(0.5)
-    assert creating._thread.is_alive()  # its link waits for the deleter's lock
+    assert creating.waiting(0.5)  # its link waits for the deleter's lock
     pause.release()
     assert deleting.result() is False  # the object it saw was gone when it unlinked
     creating.result()

@@ -68,6 +68,11 @@ class InThread:
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
 
+    def waiting(self, seconds: float) -> bool:
+        """Still running after ``seconds`` (blocked, as a test expects of it)."""
+        self._thread.join(seconds)
+        return self._thread.is_alive()
+
     def result(self, timeout: float = 120) -> Any:
         self._thread.join(timeout)
         assert not self._thread.is_alive(), "the paused operation never finished"
