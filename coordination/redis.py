@@ -85,6 +85,27 @@ class CheckResult:
     #: BUSY: the caller's ticket in the session's queue of waiting writers (first come,
     #: first served; 0 when there is no queue).
     ticket: int = 0
+    #: OK with ``take``: (nonce, segment body) of each waiter whose batch CHECK took to ride
+    #: in the caller's segment (group commit), in queue order.
+    riders: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(slots=True)
+class Offering:
+    """A waiting writer's offer of its batch to ride in another writer's segment (group
+    commit), as far as it can tell: ``sent`` while one is set in Redis, ``out`` once it may
+    have been taken (found gone: taken, or lapsed while the writer was paused, which it
+    cannot tell apart). A writer whose batch may be out cannot say "nothing was written"."""
+
+    sent: bool = False
+    sent_before: bool = False
+    out: bool = False
+
+
+def _offer_seen(offering: Offering | None, prev: Any) -> None:
+    """The value a refresh of the offer replaced: none, after one was set, means it went."""
+    if offering is not None and offering.sent_before and (prev is None or isinstance(prev, Exception)):
+        offering.out = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +151,10 @@ def _read_text(value: Any) -> str:
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _b(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")
 
 
 def _cluster_flag(url: str) -> tuple[str, bool]:
@@ -288,6 +313,10 @@ class Coordinator:
         wait_s: float = 0.0,
         compacted: Sequence[str | int] = (),
         meanwhile: Callable[[], None] | None = None,
+        offer: bytes | None = None,
+        offering: Offering | None = None,
+        take: tuple[int, int] | None = None,
+        keep_claim: bool = False,
     ) -> CheckResult:
         """CHECK (scripts.CHECK). ``wait_s``: the writer ``nonce`` waits in the session's
         queue; first wait up to that long for the claim to be handed to it, then CHECK.
@@ -295,7 +324,14 @@ class Coordinator:
         (``store.id_index.Lookup.args``; empty: it has none). REINDEX (``seq`` = Redis's
         ``iseq``) asks for a copy that reaches further. ``meanwhile``: work of the caller's
         that does not depend on the answer, run at most once, while CHECK runs where the
-        client allows it (``coordination/direct.py``)."""
+        client allows it (``coordination/direct.py``).
+
+        Group commit (docs/design.md, "Group commit"): ``offer``, with ``wait_s``, is the
+        segment body the waiting writer offers to ride in the next claim holder's segment
+        (set, with its lease, before the wait), and ``offering`` what became of it: whether
+        another writer may hold it; ``take`` = (riders, bytes) lets an OK take
+        that many waiters' offers (``CheckResult.riders``); ``keep_claim``: a refusal keeps
+        the caller's claim and place (the check of a combined batch)."""
         args: list[Any] = [inc, "0" if expected_tail is None else "1", expected_tail or "", len(ids)]
         args.extend(ids)
         args.extend(hashes)
@@ -305,20 +341,37 @@ class Coordinator:
             args.append(parent)
         args.append(nonce)
         args.append(claim_ms if nonce else 0)
-        args.extend(compacted)
+        grouping = bool(nonce) and claim_ms > 0 and (take is not None or keep_claim)
+        if grouping:
+            # The group-commit arguments follow the compacted-ids block, sent whole.
+            args.extend(compacted if compacted else (-1, *([""] * (len(ids) + len(external_parents)))))
+            riders, budget = take if take is not None else (0, 0)
+            args.extend((riders, budget, "1" if keep_claim else "0"))
+        else:
+            args.extend(compacted)
         keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.claim(sid)]
         if nonce:
             keys += [self.keys.queue(sid), self.keys.queue_leases(sid), self.keys.turn(sid, nonce)]
         if wait_s > 0 and nonce:
             if meanwhile is not None:
                 meanwhile()
-            res = self._wait_then_check(keys, args, wait_s)
+            if offer is not None and claim_ms > 0:
+                offer = inc.encode() + b"\n" + offer
+            res = self._wait_then_check(
+                keys, args, wait_s, offer=offer, offer_ms=claim_ms, offering=offering
+            )
         else:
             once = _once(meanwhile)
             res = self._call(lambda: self._script(self._check, keys, args, once))
         code = _s(res[0])
         if code == "OK":
-            return CheckResult(code, seq=int(res[1]), last=_s(res[2]))
+            offering = offering if offering is not None and offering.sent else None
+            if offering is not None and (len(res) < 4 or not int(res[3])):
+                offering.out = True  # our offer was gone: another writer may hold our batch
+            if offering is not None:
+                offering.sent = False
+            taken = tuple((_s(res[i]), _b(res[i + 1])) for i in range(4, len(res) - 1, 2))
+            return CheckResult(code, seq=int(res[1]), last=_s(res[2]), riders=taken)
         if code == "BUSY":
             return CheckResult(code, seq=int(res[1]), wait_ms=max(0, int(res[2])), ticket=int(res[3]))
         if code == "DUPLICATE":
@@ -350,6 +403,8 @@ class Coordinator:
         cache: bytes | None = None,
         cache_cap: int = 0,
         state_ttl_ms: int = 0,
+        riders: Sequence[str] = (),
+        wake_ms: int = 0,
     ) -> CommitResult:
         """COMMIT segment from_seq+1.
 
@@ -364,7 +419,10 @@ class Coordinator:
         while at most ``cache_cap`` bytes are pending compaction.
 
         ``state_ttl_ms``: the id index and the cache expire this long after the session's
-        last commit (0: never); the next append after that rebuilds them (scripts.COMMIT)."""
+        last commit (0: never); the next append after that rebuilds them (scripts.COMMIT).
+
+        ``riders``: nonces of the waiters whose batches are in this segment (group commit);
+        with OK each is woken with "done", its wake-up living ``wake_ms``."""
         new_seq = from_seq + 1
         args: list[Any] = [inc, from_seq, ids[-1], len(ids)]
         tag = f"{new_seq}:"
@@ -389,6 +447,10 @@ class Coordinator:
         args.extend((cache, cache_cap) if caching else ("", 0))
         args.append(max(0, int(state_ttl_ms)))
         args.append("1" if self.sharded_pubsub() else "0")
+        if riders:
+            args.append(len(riders))
+            args.extend(riders)
+            args.append(max(1, int(wake_ms)))
         res = self._call(lambda: self._script(self._commit, keys, args))
         code = _s(res[0])
         if code == "INCARNATION":
@@ -405,44 +467,87 @@ class Coordinator:
             )
         return CommitResult(code, seq=int(res[1]))
 
-    def _wait_then_check(self, keys: list[str], args: list[Any], wait_s: float) -> Any:
+    def wake(self, sid: str, nonces: Sequence[str], why: str, ttl_ms: int) -> None:
+        """Wake waiters blocked on their turn lists (group commit: "back", their batches go
+        back to them; "done", committed). Best effort: a waiter not woken wakes at the end
+        of its wait, and its CHECK decides."""
+        if not nonces:
+            return
+        def call() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for nonce in nonces:
+                turn = self.keys.turn(sid, nonce)
+                pipe.rpush(turn, why)
+                pipe.pexpire(turn, max(1, int(ttl_ms)))
+            pipe.execute()
+        try:
+            redis_call(call)
+        except BackendError as exc:
+            log.info("riders of %s not woken (%s): they wake at the end of their wait", sid, exc)
+
+    def _wait_then_check(
+        self, keys: list[str], args: list[Any], wait_s: float, *,
+        offer: bytes | None = None, offer_ms: int = 0, offering: Offering | None = None,
+    ) -> Any:
         """BLPOP on the writer's wake-up list (keys[5]), then CHECK: pipelined on one
         connection, so Redis runs the CHECK the moment the claim is handed over, and the
         writer wakes once, with the answer. Without a connection to spare for blocking, a
         short sleep instead; a failed wait is followed by a plain CHECK (with the retry
-        policy), which meets whatever went wrong."""
+        policy), which meets whatever went wrong.
+
+        ``offer``: set first (in the same round trip) as the waiter's offer to ride in the
+        next claim holder's segment (group commit), living ``offer_ms``."""
         if not self._blocking.acquire(blocking=False):
             time.sleep(min(wait_s, _POLL_S) * random.uniform(0.5, 1.5))
             return self._call(lambda: self._check(keys=keys, args=args))
         timeout = max(0.001, min(wait_s, self._block_cap_s))  # BLPOP 0 would block for good
+        offer_key = keys[5] + ":offer" if offer is not None else None
+        if offer_key is not None and offering is not None:
+            offering.sent_before, offering.sent = offering.sent, True
         try:
             if self.cluster:
                 # redis-py's cluster pipeline refuses EVALSHA: wait, then CHECK below.
+                if offer_key is not None and offer is not None:
+                    value = offer
+                    prev = redis_call(lambda: self.client.set(offer_key, value, px=max(1, offer_ms), get=True))
+                    _offer_seen(offering, prev)
                 redis_call(lambda: self.client.blpop([keys[5]], timeout=timeout))
             else:
-                return redis_call(lambda: self._blpop_check(keys, args, timeout))
+                return redis_call(
+                    lambda: self._blpop_check(keys, args, timeout, offer_key, offer, offer_ms, offering)
+                )
         except BackendError as exc:
             log.debug("waiting for the claim: %s", exc)
         finally:
             self._blocking.release()
         return self._call(lambda: self._check(keys=keys, args=args))
 
-    def _blpop_check(self, keys: list[str], args: list[Any], timeout: float) -> Any:
+    def _blpop_check(
+        self, keys: list[str], args: list[Any], timeout: float,
+        offer_key: str | None = None, offer: bytes | None = None, offer_ms: int = 0,
+        offering: Offering | None = None,
+    ) -> Any:
         pipe = self.client.pipeline(transaction=False)
+        if offer_key is not None and offer is not None:
+            pipe.set(offer_key, offer, px=max(1, offer_ms), get=True)
         pipe.blpop([keys[5]], timeout=timeout)
         pipe.evalsha(self._check.sha, len(keys), *keys, *args)
-        _woken, res = pipe.execute(raise_on_error=False)
+        replies = pipe.execute(raise_on_error=False)
+        if offer_key is not None:
+            _offer_seen(offering, replies[0])
+        res = replies[-1]
         if isinstance(res, redis.exceptions.NoScriptError):
             return self._check(keys=keys, args=args)  # loads the script, runs it once
         if isinstance(res, Exception):
             raise res
         return res
 
-    def release(self, sid: str, nonce: str) -> None:
+    def release(self, sid: str, nonce: str) -> bool:
         """The writer ``nonce`` gives up its append: out of the queue, and a claim it holds
-        goes to the first waiter (scripts.RELEASE)."""
+        goes to the first waiter (scripts.RELEASE). True when its offer to ride (group
+        commit) was still there, now withdrawn: no other writer holds its batch."""
         keys = [self.keys.claim(sid), self.keys.queue(sid), self.keys.queue_leases(sid)]
-        self._call(lambda: self._release(keys=keys, args=[nonce]), retry=False)
+        return bool(int(self._call(lambda: self._release(keys=keys, args=[nonce]), retry=False)))
 
     def compacted(
         self, sid: str, inc: str, segments: int, size: int, through_seq: int = 0, generation: int = 0

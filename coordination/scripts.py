@@ -86,7 +86,11 @@ _QUEUE = """
 -- queue: sorted set nonce -> ticket. leases: hash nonce -> "<deadline ms>:<lease ms>" by
 -- Redis's clock (a waiter renews it each time it asks; one that stops asking, paused or
 -- dead, is dropped at its deadline), and "#" -> the last ticket handed out.
--- <queue>:<nonce>: a list the waiter blocks on (BLPOP), pushed when the claim is handed to it.
+-- <queue>:<nonce>: a list the waiter blocks on (BLPOP), pushed when the claim is handed to it,
+-- or with "done" when its batch was committed in another writer's segment (group commit).
+-- <queue>:<nonce>:offer: "<incarnation>\\n<segment body>", the batch a waiter offers to ride in
+-- the segment of the writer that takes the claim next (group commit, see CHECK); it expires
+-- with the waiter's lease, and CHECK takes it (deletes it) atomically, at most once.
 redis.replicate_commands()
 local function redis_ms()
   local t = redis.call('TIME')
@@ -148,7 +152,7 @@ end
 -- and a claim it holds goes to the first waiter (or is dropped).
 local function step_aside(claim, queue, leases, nonce)
   leave_queue(queue, leases, nonce)
-  redis.call('DEL', queue .. ':' .. nonce)
+  redis.call('DEL', queue .. ':' .. nonce, queue .. ':' .. nonce .. ':offer')
   local c = redis.call('GET', claim)
   if not c then return end
   local sep = string.find(c, ':', 1, true)
@@ -177,6 +181,9 @@ CHECK = _PRELUDE + _QUEUE + """
 --   through which its copy of them reaches (-1: it has none), then n values (what its copy
 --   holds for each id: "<seq>:<hash>", or "" for none), then m values ("1" when its copy
 --   holds the parent, else "")
+--   then (optional, only after the compacted-ids block, which the caller then always sends)
+--   group commit: r, the most riders to take, b, the most bytes of their batches, and "1" to
+--   keep the claim and one's place when refused (the leader's CHECK of a combined batch)
 -- KEYS[3] (optional) the claim: "<seq>:<nonce>" of the writer that was last told OK for
 --   seq. A claim is advisory: it only keeps concurrent writers from all PUTting segment
 --   seq+1 at once (all but one would lose the race, each at the price of a PUT and a GET);
@@ -187,7 +194,15 @@ CHECK = _PRELUDE + _QUEUE + """
 --   to the first of them; a writer refused here (DUPLICATE .. UNKNOWN_PARENT) leaves the
 --   queue and passes on a claim that was handed to it.
 -- Returns:
---   {'OK', seq, last}                       append as segment seq+1
+--   {'OK', seq, last, kept, [nonce, offer]...}
+--                                           append as segment seq+1; kept: 1 when the
+--                                           caller's own offer was still there (now
+--                                           withdrawn), else 0; with r > 0, the
+--                                           batches of waiters taken to ride in it (each
+--                                           out of the queue, its offer deleted), in
+--                                           queue order: the caller CHECKs the combined
+--                                           batch, PUTs it as its own segment and names
+--                                           the riders to COMMIT, which wakes them
 --   {'BUSY', seq, ttl, ticket}              another writer holds the claim on seq+1 for ttl
 --                                           ms; the caller waits in the queue with ticket
 --   {'DUPLICATE', seq}                      every id present with the same content: the batch
@@ -252,9 +267,10 @@ local function refusal()
   end
   return nil
 end
+local tk = wv + n + m  -- ARGV[tk + 1..3]: group commit (riders to take, their bytes, keep)
 local refused = refusal()
 if refused then
-  if claims and KEYS[4] then step_aside(KEYS[3], KEYS[4], KEYS[5], nonce) end
+  if claims and KEYS[4] and ARGV[tk + 3] ~= '1' then step_aside(KEYS[3], KEYS[4], KEYS[5], nonce) end
   return refused
 end
 if claims then
@@ -276,7 +292,37 @@ if claims then
   end
   redis.call('SET', KEYS[3], s.seq .. ':' .. nonce, 'PX', lease)
 end
-return {'OK', s.seq, s.last}
+-- Our own offer, if we made one, is withdrawn: kept = 1 when it was still there (nobody
+-- took it since it was last set), so the caller knows whether another writer holds it.
+local kept = 0
+if claims and KEYS[4] then kept = redis.call('DEL', KEYS[6] .. ':offer') end
+local out = {'OK', s.seq, s.last, kept}
+-- Group commit: take the offers of waiters (first come, first served; those without one keep
+-- their place), each at most once and only of this incarnation, within the budget.
+local maxr = tonumber(ARGV[tk + 1] or '0') or 0
+if claims and KEYS[4] and maxr > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
+  local budget = tonumber(ARGV[tk + 2] or '0') or 0
+  local now = redis_ms()
+  local want = ARGV[1] .. '\\n'
+  local taken = 0
+  for _, h in ipairs(redis.call('ZRANGE', KEYS[4], 0, 4 * maxr - 1)) do
+    if taken >= maxr then break end
+    local lv = redis.call('HGET', KEYS[5], h)
+    if lv and tonumber(string.sub(lv, 1, string.find(lv, ':', 1, true) - 1)) > now then
+      local okey = KEYS[4] .. ':' .. h .. ':offer'
+      local offer = redis.call('GET', okey)
+      if offer and string.sub(offer, 1, #want) == want and #offer - #want <= budget then
+        budget = budget - (#offer - #want)
+        taken = taken + 1
+        redis.call('DEL', okey)
+        leave_queue(KEYS[4], KEYS[5], h)
+        out[#out + 1] = h
+        out[#out + 1] = string.sub(offer, #want + 1)
+      end
+    end
+  end
+end
+return out
 """
 
 COMMIT = _PRELUDE + _QUEUE + """
@@ -311,6 +357,9 @@ COMMIT = _PRELUDE + _QUEUE + """
 --   every node). The caller decides from the servers' versions (Coordinator.sharded_pubsub).
 --   A server that does not know SPUBLISH gets PUBLISH instead, so the script never stops
 --   half-way after its writes.
+-- ARGV[16+2n] (optional) r, then r nonces: waiters whose batches ride in this segment (group
+--   commit, taken by CHECK), then how long (ms) their wake-ups live: with OK, each is woken
+--   with "done" (its next CHECK finds its batch: DUPLICATE).
 -- (KEYS[4..8] and their arguments are optional, in that order.)
 -- Slot from+1 is *taken* when Redis's tail is past it, or when a manifest retired it
 -- (from+1 <= cseq). The caller's PUT of from+1 succeeded, so if the slot is taken, either the
@@ -407,6 +456,15 @@ end
 -- <<< summary
 -- Fair appends: the next slot's claim goes to the first waiting writer, not back to us.
 if KEYS[8] then pass_on(KEYS[6], KEYS[7], KEYS[8], from + 1) end
+local riders = tonumber(ARGV[16 + 2 * n] or '0') or 0
+if riders > 0 and KEYS[7] then
+  local wake_ms = tonumber(ARGV[17 + 2 * n + riders])
+  for i = 1, riders do
+    local turn = KEYS[7] .. ':' .. ARGV[16 + 2 * n + i]
+    redis.call('RPUSH', turn, 'done')
+    redis.call('PEXPIRE', turn, wake_ms)
+  end
+end
 return {'OK', from + 1, pseg, pbytes, queued}
 """
 
@@ -622,8 +680,11 @@ RELEASE = _QUEUE + """
 -- waiting writers, and a claim it holds goes to the first of them (see _QUEUE), so that
 -- they need not wait out its lease.
 -- KEYS[1] claim, KEYS[2] queue, KEYS[3] leases; ARGV[1] the writer's nonce
+-- Returns 1 when the writer's offer to ride (group commit) was still there, now withdrawn:
+-- no other writer holds its batch; else 0.
+local kept = redis.call('EXISTS', KEYS[2] .. ':' .. ARGV[1] .. ':offer')
 step_aside(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
-return 1
+return kept
 """
 
 GC_CLAIM = """

@@ -24,6 +24,13 @@ Writer W appends batch B to session s, optionally with an expected tail x:
 5. Past a threshold of pending segments or bytes, queue one compaction job; return
    ``AppendResult``.
 
+Group commit (docs/design.md, "Group commit"): a writer queued at 2 offers its batch in Redis
+while it waits; the CHECK that hands a writer the claim also takes the offers queued behind
+it (``_combine`` checks the group as one batch again), the writer PUTs its batch and theirs
+as its segment at 3, and COMMIT at 4 wakes them with "done" (their next CHECK: DUPLICATE).
+A rider that gives up while its batch may be out says IndeterminateError, never
+ContentionError.
+
 Failures before the PUT are plain errors (nothing was written). An append that fails after
 CHECK leaves the queue and passes on a claim it holds (``Coordinator.release``).
 docs/design.md ("Pauses") argues why no interleaving of pauses lets an append be
@@ -36,12 +43,12 @@ import logging
 import random
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
-from coordination.redis import CheckResult, CommitResult, recent_value
+from coordination.redis import CheckResult, CommitResult, Offering, recent_value
 from store import creates
 from store.context import StoreContext
-from store.entries import PreparedBatch, entry_hash
+from store.entries import PreparedBatch, entry_hash, prepare_batch
 from store.errors import (
     BackendError,
     BackendUnavailableError,
@@ -49,6 +56,7 @@ from store.errors import (
     ContentionError,
     IdCollisionError,
     IndeterminateError,
+    InvalidInputError,
     ObjectNotFoundError,
     SessionNotFoundError,
     SessionStoreError,
@@ -57,6 +65,7 @@ from store.errors import (
 from store.listing import summary_delta
 from store.markers import is_marker_batch, refuse_if_trashed
 from store.migrations import CURRENT_SCHEMA
+from store.model.js_json import decode_json
 from store.object_store import Staged
 from store.objects import StoredObject
 from store.read import Reader
@@ -74,7 +83,8 @@ class Appender:
         self.tail = tail
 
     def append(
-        self, sid: str, batch: PreparedBatch, expected: str | None, *, incarnation: str | None = None
+        self, sid: str, batch: PreparedBatch, expected: str | None, *, incarnation: str | None = None,
+        alone: bool = False,
     ) -> AppendResult:
         ctx = self.ctx
         header = ctx.headers.get(sid)
@@ -83,24 +93,36 @@ class Appender:
             if header.incarnation != incarnation:
                 raise SessionNotFoundError(sid)
         nonce = uuid.uuid4().hex
+        rider = Offering()
         try:
-            return self._append(sid, header, batch, expected, incarnation, nonce)
+            return self._append(sid, header, batch, expected, incarnation, nonce, rider, alone)
         except (ConflictError, IdCollisionError, UnknownParentError):
             raise  # CHECK's refusals: it took us out of the queue itself
-        except SessionStoreError:
+        except SessionStoreError as exc:
             # Giving up (indeterminate, contention, a deleted session, Redis down): whoever
             # waits behind us need not wait out our claim, nor find us at the head of the
             # queue. A crash leaves both to expire.
             if ctx.options.claim_ms > 0:
                 try:
-                    ctx.coord.release(sid, nonce)
-                except BackendError as exc:
-                    log.info("claim on %s left to expire: %s", sid, exc)
+                    # Also withdraws our offer to ride, telling whether it was still ours.
+                    if not ctx.coord.release(sid, nonce) and rider.sent:
+                        rider.out = True
+                except BackendError as exc2:
+                    log.info("claim on %s left to expire: %s", sid, exc2)
+                    rider.out = rider.out or rider.sent
+            if rider.out and isinstance(exc, (ContentionError, BackendError)):
+                # Our batch may have been taken to ride in another writer's segment, which
+                # that writer, paused, may still PUT: "nothing was written" would be a lie.
+                raise IndeterminateError(
+                    f"session {sid!r}: the batch was offered to ride in another writer's "
+                    f"segment, which may still be written ({exc}); re-sending the same batch "
+                    "is safe"
+                ) from exc
             raise
 
     def _append(
         self, sid: str, header: Header, batch: PreparedBatch, expected: str | None,
-        incarnation: str | None, nonce: str,
+        incarnation: str | None, nonce: str, rider: Offering, alone: bool = False,
     ) -> AppendResult:
         ctx = self.ctx
         # An encrypted session's segment is sealed once per incarnation (the ciphertext is
@@ -113,6 +135,16 @@ class Appender:
         # The segment's bytes go to the object store before CHECK: a backend may write them
         # while CHECK runs in Redis (store/object_store.py, ``stage``).
         staged = ctx.objects.stage(ctx.layout.segment_prefix(sid, header.incarnation), batch.body, metadata)
+        # Group commit (docs/design.md, "Group commit"): while queued, offer our batch to ride
+        # in the next claim holder's segment; holding the claim, take the batches offered.
+        opts = ctx.options
+        groups = (
+            opts.group_commit_riders > 0 and opts.claim_ms > 0 and expected is None
+            and not header.encryption and not is_marker_batch(batch.ids)
+        )
+        offer = batch.body if groups and not alone and len(batch.body) <= opts.group_commit_bytes else None
+        take = (opts.group_commit_riders, opts.group_commit_bytes) if groups else None
+        riders: tuple[str, ...] = ()  # of the segment staged now, when it is a group's
         try:
             rebuilt_for: int | None = None
             rounds = 0
@@ -127,6 +159,7 @@ class Appender:
                     sid, header.incarnation, batch.ids, batch.hashes, batch.external_parents,
                     expected, nonce=nonce, claim_ms=ctx.options.claim_ms, wait_s=wait_s,
                     compacted=seen.args(), meanwhile=staged.prepare,
+                    offer=offer if wait_s > 0 else None, offering=rider, take=take,
                 )
                 if res.code == "BUSY":
                     if time.monotonic() > deadline:
@@ -146,6 +179,8 @@ class Appender:
                     header = self.tail.repair(sid, header, res.code)
                     if incarnation is not None and header.incarnation != incarnation:
                         raise SessionNotFoundError(sid)  # deleted (and created again) meanwhile
+                    if header.encryption:
+                        offer = take = None  # a new life may be encrypted: no group commit
                     if header.incarnation != sealed_for:
                         sealed_for = header.incarnation
                         batch = ctx.keys.seal_batch(header, plain)
@@ -175,16 +210,39 @@ class Appender:
                     # at its PUT, rolls it forward and is refused here.
                     refuse_if_trashed(sid, res.last)
                 n = res.seq
+                writing = batch
+                if res.riders:
+                    grouped = self._combine(sid, header, batch, res, nonce)
+                    if grouped is None:
+                        take = None  # they went back to their writers; we go on alone
+                        continue
+                    writing, riders = grouped
+                    staged.release()
+                    staged = ctx.objects.stage(
+                        ctx.layout.segment_prefix(sid, header.incarnation), writing.body,
+                        segment_metadata(nonce, writing.checksum, len(writing.ids)),
+                    )
                 key = ctx.layout.segment(sid, header.incarnation, n + 1)
                 ctx.fault("append.before_put", session_id=sid, seq=n + 1)
                 outcome = self._put_segment(key, staged, nonce)
                 if outcome == "ours":
                     ctx.fault("append.after_put", session_id=sid, seq=n + 1)
-                    if self._commit(sid, header, n, batch, key):
+                    if self._commit(sid, header, n, writing, key, riders):
                         ctx.fault("append.after_commit", session_id=sid, seq=n + 1)
+                        riders = ()
                         return AppendResult(sid, n + 1, batch.last_id, len(batch.ids))
-                    # A zombie (we re-created a slot that compaction had retired), deleted
-                    # again: CHECK decides anew (a duplicate, a conflict, a new slot).
+                # A zombie (we re-created a slot that compaction had retired), deleted again,
+                # or the slot is someone else's: a group's riders go back to their writers
+                # (each CHECK decides whether its batch is in the session), and we go on alone.
+                if riders:
+                    ctx.coord.wake(sid, riders, "back", ctx.options.claim_ms)
+                    riders, take = (), None
+                    staged.release()
+                    staged = ctx.objects.stage(
+                        ctx.layout.segment_prefix(sid, header.incarnation), batch.body, metadata
+                    )
+                if outcome == "ours":
+                    # CHECK decides anew (a duplicate, a conflict, a new slot).
                     continue
                 if outcome == "gone":
                     # Taken and then retired by compaction: Redis is far behind. Rebuild.
@@ -199,6 +257,51 @@ class Appender:
             )
         finally:
             staged.release()
+            if riders:  # we give up with a group's segment not committed: they decide
+                ctx.coord.wake(sid, riders, "back", ctx.options.claim_ms)
+
+    def _combine(
+        self, sid: str, header: Header, batch: PreparedBatch, res: CheckResult, nonce: str
+    ) -> tuple[PreparedBatch, tuple[str, ...]] | None:
+        """Our batch followed by the riders' (``res.riders``, taken by CHECK), as one batch
+        CHECKed again as a whole (we keep the claim): ids unique across the group, none
+        already stored, parents known. None when anything is off: the riders are woken to
+        go on alone (each CHECK then finds its batch stored or not), and so do we."""
+        ctx = self.ctx
+        riders = tuple(r for r, _ in res.riders)
+        combined: PreparedBatch | None = None
+        try:
+            entries = _lines(batch.body)
+            for _, body in res.riders:
+                entries.extend(_lines(body))
+            # Each batch passed its own writer's checks (an import's with ``strict=False``, as
+            # pi reads them): this one re-derives ids, hashes and parents from the bytes and
+            # refuses an id twice in the group; the session model's rules run again.
+            combined = prepare_batch(
+                entries, max_bytes=ctx.options.max_batch_bytes,
+                max_entries=ctx.options.max_batch_entries, strict=False,
+            )
+            k = len(batch.ids)
+            if combined.ids[:k] != batch.ids or combined.hashes[:k] != batch.hashes:
+                combined = None  # our batch must be in it exactly as CHECK knew it
+        except (InvalidInputError, ValueError) as exc:
+            log.info("session %s: %d riders not taken (%s)", sid, len(riders), exc)
+            combined = None
+        if combined is not None:
+            seen = self.tail.compacted.lookup(
+                sid, header.incarnation, combined.ids, combined.external_parents
+            )
+            ctx.fault("append.grouped", session_id=sid, seq=res.seq + 1, riders=riders)
+            again = ctx.coord.check(
+                sid, header.incarnation, combined.ids, combined.hashes, combined.external_parents,
+                None, nonce=nonce, claim_ms=ctx.options.claim_ms, compacted=seen.args(),
+                keep_claim=True,
+            )
+            if again.code == "OK" and again.seq == res.seq:
+                return combined, riders
+            log.info("session %s: %d riders sent back (%s)", sid, len(riders), again.code)
+        ctx.coord.wake(sid, riders, "back", ctx.options.claim_ms)
+        return None
 
     # --- 3. PUT ------------------------------------------------------------------------------
 
@@ -245,7 +348,10 @@ class Appender:
 
     # --- 4. COMMIT, and is our segment live? --------------------------------------------------
 
-    def _commit(self, sid: str, header: Header, n: int, batch: PreparedBatch, key: str) -> bool:
+    def _commit(
+        self, sid: str, header: Header, n: int, batch: PreparedBatch, key: str,
+        riders: tuple[str, ...] = (),
+    ) -> bool:
         """COMMIT our segment n+1 and decide whether it is live.
 
         True: acknowledge (the segment is the one at slot n+1, or our batch was committed
@@ -264,6 +370,7 @@ class Appender:
                     summary=summary_delta(header, batch.entries),  # the listing's summary
                     cache=self._recent(header, batch), cache_cap=ctx.options.recent_cache_bytes,
                     state_ttl_ms=ctx.options.idle_state_ttl_ms,
+                    riders=riders, wake_ms=ctx.options.claim_ms,
                 )
             except BackendError as exc:
                 log.warning("segment %d of %s: Redis unavailable at commit (%s); asking the "
@@ -273,6 +380,8 @@ class Appender:
                 self._enqueue_if_due(sid, res)
                 return True
             if res.code == "ALREADY":
+                # Committed by another writer's roll-forward: our riders learn it here.
+                ctx.coord.wake(sid, riders, "done", ctx.options.claim_ms)
                 return True
             if res.code == "ZOMBIE":
                 self._discard_zombie(key, sid, n + 1, "its slot was retired by compaction")
@@ -389,6 +498,12 @@ class Appender:
                 )
         except BackendError as exc:
             log.warning("compaction queue not updated for %s: %s", sid, exc)
+
+
+def _lines(body: bytes) -> list[dict[str, Any]]:
+    """The entries of a segment body (one JSON object a line, as ``encode_json`` wrote them:
+    a newline never occurs inside one), lone surrogate escapes included."""
+    return [decode_json(line) for line in body.split(b"\n") if line]
 
 
 def _turn_wait_s(res: CheckResult, claim_ms: int) -> float:

@@ -314,8 +314,14 @@ class SessionStore:
         expected_tail_entry_id: str | None = None,
         *,
         incarnation: str | None = None,
+        alone: bool = False,
     ) -> AppendResult:
-        """Append one batch atomically, as one segment (``store/append.py``).
+        """Append one batch atomically, whole and contiguous in one segment (``store/append.py``;
+        without an expected tail, the batches of writers queued on the session may share
+        that segment: docs/design.md, "Group commit"). ``alone=True``: the batch never rides
+        in another writer's segment, so it starts the segment ``seq`` and
+        (``seq``, ``appended_count``) is the position right after it (the stream service's
+        offsets); it may still carry other batches after it.
 
         ``expected_tail_entry_id``: when given, the append happens only if the session's last
         committed entry is that id (``EMPTY_TAIL`` for "no entry yet"); otherwise
@@ -331,7 +337,9 @@ class SessionStore:
             max_bytes=self.options.max_batch_bytes,
             max_entries=self.options.max_batch_entries,
         )
-        return self.append_prepared(sid, batch, expected_tail_entry_id, incarnation=incarnation)
+        return self.append_prepared(
+            sid, batch, expected_tail_entry_id, incarnation=incarnation, alone=alone
+        )
 
     def append_prepared(
         self,
@@ -340,6 +348,7 @@ class SessionStore:
         expected_tail_entry_id: str | None = None,
         *,
         incarnation: str | None = None,
+        alone: bool = False,
     ) -> AppendResult:
         """Append a batch already validated by ``store.entries.prepare_batch`` (an import
         prepares pi's entries as pi reads them, ``strict=False``): the same protocol as
@@ -347,7 +356,8 @@ class SessionStore:
         self._ensure_probed()
         check_user_ids(batch.ids)  # the trash's markers are its own (store/retention.py)
         return self.appender.append(
-            check_session_id(session_id), batch, expected_tail_entry_id, incarnation=incarnation
+            check_session_id(session_id), batch, expected_tail_entry_id, incarnation=incarnation,
+            alone=alone,
         )
 
     def load_session_entries(self, session_id: str) -> list[dict[str, Any]]:

@@ -200,7 +200,10 @@ class UnknownParentError(WriteRefusedError):
 
 
 class ContentionError(WriteRefusedError):
-    """The append lost every round to other writers within its retry budget."""
+    """The append lost every round to other writers within its retry budget, or waited
+    ``max_wait_s`` behind their claims. Nothing of the batch was written: a batch that may
+    be out in another writer's segment (group commit) gives up with ``IndeterminateError``
+    instead."""
 
 
 class NotInTrashError(WriteRefusedError):

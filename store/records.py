@@ -180,6 +180,14 @@ class StoreOptions:
     claim_ms: int = 2000
     #: How long an append waits behind other writers' claims in total before ContentionError.
     max_wait_s: float = 60.0
+    #: Group commit: a writer that takes the claim on the next segment also writes, in the
+    #: same segment, the batches of up to this many writers waiting in the session's queue
+    #: (each batch whole and in queue order; appends without an expected tail, to sessions
+    #: that are not encrypted), so that writers queued on one session wait for about one
+    #: segment's write instead of one each. 0 disables it (docs/design.md, "Group commit").
+    group_commit_riders: int = 16
+    #: ... and at most this many bytes of their batches in all (a larger batch never rides).
+    group_commit_bytes: int = 256 * 1024
     retry: RetryPolicy = DEFAULT_RETRY
     #: Parallel GETs when loading a session.
     read_concurrency: int = 16

@@ -1029,8 +1029,9 @@ class Streams:
             raise StreamError("an append needs at least one entry")
         sid = st.header.session_id
         try:
+            # alone: the batch starts its segment, so (seq, count) is the offset after it.
             result = self.store.append_session_entries(
-                sid, entries, if_match, incarnation=st.header.incarnation
+                sid, entries, if_match, incarnation=st.header.incarnation, alone=True
             )
         except ConflictError as exc:
             now = self._refreshed(st.header, True)

@@ -9,7 +9,8 @@ then reads every session back and asserts the store's promises:
 - no entry of a refused batch is visible;
 - a batch appended with an expected tail sits right after that entry;
 - an indeterminate batch is present whole or not at all;
-- segment numbers run 1..n without a gap, and each segment is exactly one batch.
+- segment numbers run 1..n without a gap, and each batch lies whole in the segment it was
+  acknowledged with (group commit puts several batches in one segment).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def check_history(store: SessionStore, ops: Iterable[Op]) -> Report:
                 report.problems.append(f"{sid}: id {eid} appears twice")
             position[eid] = i
         seqs_by_id = dict(zip(ids, data.seqs))
-        # Segments: contiguous, one batch each.
+        # Segments: numbered without a gap.
         header = data.header
         keys = list(store.iter_segment_keys(sid, header.incarnation))
         numbers = [int(k.rsplit("/", 1)[-1].split(".")[0]) for k in keys]

@@ -8,6 +8,10 @@ bounded by their leases and cannot lose or duplicate anything (docs/design.md, "
 
 Real writer threads (each with a store of its own, as separate processes would have) against
 real Redis and S3. Orders and counts are asserted, never durations.
+
+The queue is tested here on its own, one writer a segment (``group_commit_riders=0``); group
+commit, where the claim holder also writes the batches waiting behind it, is in
+tests/test_group_commit.py.
 """
 
 from __future__ import annotations
@@ -23,6 +27,19 @@ from history import Op, attempt, check_history
 
 from store import SessionStore
 from store.errors import BackendUnavailableError, ConflictError
+
+
+NO_GROUPS = {"group_commit_riders": 0}
+
+
+@pytest.fixture
+def make_store(make_store: Callable[..., SessionStore]) -> Callable[..., SessionStore]:
+    """Stores whose writers each write a segment of their own (no group commit)."""
+
+    def make(**options: Any) -> SessionStore:
+        return make_store(**{**NO_GROUPS, **options})
+
+    return make
 
 
 def entry(eid: str, parent: str | None) -> dict[str, Any]:
@@ -197,8 +214,8 @@ def test_fair_queue_on_redis_cluster(cluster_url: str, s3_url: str) -> None:
     """The queue's keys are hash-tagged like the session's other keys: on a Redis Cluster the
     scripts that hand the claim over (and wake the waiter) stay in the session's slot."""
     hold = Pause("append.before_put")
-    holder = SessionStore.from_url(s3_url, cluster_url, fault_hook=hold)
-    stores = [SessionStore.from_url(s3_url, cluster_url) for _ in range(3)]
+    holder = SessionStore.from_url(s3_url, cluster_url, fault_hook=hold, **NO_GROUPS)
+    stores = [SessionStore.from_url(s3_url, cluster_url, **NO_GROUPS) for _ in range(3)]
     try:
         holder.create_session("cq")
         h = InThread(lambda: holder.append_session_entries("cq", [entry("h", None)]).seq)
@@ -378,9 +395,9 @@ def test_waiters_never_block_more_than_a_quarter_of_the_connection_pool(
     their turn always find a connection. They are still served in order of arrival."""
     url = private_redis.url + "?max_connections=8"
     hold = Pause("append.before_put")
-    holder = SessionStore.from_url(s3_url, private_redis.url, fault_hook=hold, claim_ms=30_000)
+    holder = SessionStore.from_url(s3_url, private_redis.url, fault_hook=hold, claim_ms=30_000, **NO_GROUPS)
     tickets = Tickets()
-    shared = SessionStore.from_url(s3_url, url, fault_hook=tickets)
+    shared = SessionStore.from_url(s3_url, url, fault_hook=tickets, **NO_GROUPS)
     probe = private_redis.client()
     try:
         holder.create_session("k")
