@@ -98,14 +98,12 @@ class Offering:
     cannot tell apart). A writer whose batch may be out cannot say "nothing was written"."""
 
     sent: bool = False
-    sent_before: bool = False
     out: bool = False
 
-
-def _offer_seen(offering: Offering | None, prev: Any) -> None:
-    """The value a refresh of the offer replaced: none, after one was set, means it went."""
-    if offering is not None and offering.sent_before and (prev is None or isinstance(prev, Exception)):
-        offering.out = True
+    def refreshed(self, was_sent: bool, prev: Any) -> None:
+        """The value a refresh of the offer replaced: none, after one was set, means it went."""
+        if was_sent and (prev is None or isinstance(prev, Exception)):
+            self.out = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,14 +339,9 @@ class Coordinator:
             args.append(parent)
         args.append(nonce)
         args.append(claim_ms if nonce else 0)
-        grouping = bool(nonce) and claim_ms > 0 and (take is not None or keep_claim)
-        if grouping:
-            # The group-commit arguments follow the compacted-ids block, sent whole.
-            args.extend(compacted if compacted else (-1, *([""] * (len(ids) + len(external_parents)))))
-            riders, budget = take if take is not None else (0, 0)
-            args.extend((riders, budget, "1" if keep_claim else "0"))
-        else:
-            args.extend(compacted)
+        riders, budget = take if take is not None else (0, 0)
+        args.extend((riders, budget, "1" if keep_claim else "0"))
+        args.extend(compacted)
         keys = [self.keys.tail(sid), self.keys.ids(sid), self.keys.claim(sid)]
         if nonce:
             keys += [self.keys.queue(sid), self.keys.queue_leases(sid), self.keys.turn(sid, nonce)]
@@ -502,20 +495,24 @@ class Coordinator:
             return self._call(lambda: self._check(keys=keys, args=args))
         timeout = max(0.001, min(wait_s, self._block_cap_s))  # BLPOP 0 would block for good
         offer_key = keys[5] + ":offer" if offer is not None else None
-        if offer_key is not None and offering is not None:
-            offering.sent_before, offering.sent = offering.sent, True
+        offering = offering if offer_key is not None else None
+        was_sent = offering is not None and offering.sent
+        if offering is not None:
+            offering.sent = True
         try:
             if self.cluster:
                 # redis-py's cluster pipeline refuses EVALSHA: wait, then CHECK below.
                 if offer_key is not None and offer is not None:
                     value = offer
                     prev = redis_call(lambda: self.client.set(offer_key, value, px=max(1, offer_ms), get=True))
-                    _offer_seen(offering, prev)
+                    if offering is not None:
+                        offering.refreshed(was_sent, prev)
                 redis_call(lambda: self.client.blpop([keys[5]], timeout=timeout))
             else:
-                return redis_call(
-                    lambda: self._blpop_check(keys, args, timeout, offer_key, offer, offer_ms, offering)
-                )
+                res, prev = redis_call(lambda: self._blpop_check(keys, args, timeout, offer_key, offer, offer_ms))
+                if offering is not None:
+                    offering.refreshed(was_sent, prev)
+                return res
         except BackendError as exc:
             log.debug("waiting for the claim: %s", exc)
         finally:
@@ -525,22 +522,21 @@ class Coordinator:
     def _blpop_check(
         self, keys: list[str], args: list[Any], timeout: float,
         offer_key: str | None = None, offer: bytes | None = None, offer_ms: int = 0,
-        offering: Offering | None = None,
-    ) -> Any:
+    ) -> tuple[Any, Any]:
+        """(CHECK's reply, the offer the SET replaced when ``offer_key`` is given)."""
         pipe = self.client.pipeline(transaction=False)
         if offer_key is not None and offer is not None:
             pipe.set(offer_key, offer, px=max(1, offer_ms), get=True)
         pipe.blpop([keys[5]], timeout=timeout)
         pipe.evalsha(self._check.sha, len(keys), *keys, *args)
         replies = pipe.execute(raise_on_error=False)
-        if offer_key is not None:
-            _offer_seen(offering, replies[0])
+        prev = replies[0] if offer_key is not None else None
         res = replies[-1]
         if isinstance(res, redis.exceptions.NoScriptError):
-            return self._check(keys=keys, args=args)  # loads the script, runs it once
+            return self._check(keys=keys, args=args), prev  # loads the script, runs it once
         if isinstance(res, Exception):
             raise res
-        return res
+        return res, prev
 
     def release(self, sid: str, nonce: str) -> bool:
         """The writer ``nonce`` gives up its append: out of the queue, and a claim it holds

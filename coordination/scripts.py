@@ -177,13 +177,12 @@ CHECK = _PRELUDE + _QUEUE + """
 --   ("" = the session is empty), ARGV[4] n (entries), ARGV[5..4+n] ids,
 --   ARGV[5+n..4+2n] content hashes, ARGV[5+2n] m (external parents),
 --   then m pairs (entry id, parent id), then the writer's nonce and the claim's lease (ms;
---   0 = no claim), then (optional) the writer's view of the compacted ids: w, the segment
+--   0 = no claim), then group commit: r, the most riders to take, b, the most bytes of their
+--   batches, and "1" to keep the claim and one's place when refused (the leader's CHECK of a
+--   combined batch), then (optional) the writer's view of the compacted ids: w, the segment
 --   through which its copy of them reaches (-1: it has none), then n values (what its copy
 --   holds for each id: "<seq>:<hash>", or "" for none), then m values ("1" when its copy
 --   holds the parent, else "")
---   then (optional, only after the compacted-ids block, which the caller then always sends)
---   group commit: r, the most riders to take, b, the most bytes of their batches, and "1" to
---   keep the claim and one's place when refused (the leader's CHECK of a combined batch)
 -- KEYS[3] (optional) the claim: "<seq>:<nonce>" of the writer that was last told OK for
 --   seq. A claim is advisory: it only keeps concurrent writers from all PUTting segment
 --   seq+1 at once (all but one would lose the race, each at the price of a PUT and a GET);
@@ -226,9 +225,10 @@ local nonce, lease = ARGV[6 + 2 * n + 2 * m], tonumber(ARGV[7 + 2 * n + 2 * m] o
 local claims = KEYS[3] and lease and lease > 0
 -- Compacted ids are not in KEYS[2]: the writer's copy must reach at least as far. Decided in
 -- this script, so a compaction that trims between the writer's lookup and here is caught.
-local w = tonumber(ARGV[8 + 2 * n + 2 * m] or '-1')
+local gc = 7 + 2 * n + 2 * m  -- ARGV[gc + 1..3]: group commit (riders, their bytes, keep)
+local w = tonumber(ARGV[11 + 2 * n + 2 * m] or '-1')
 if s.iseq >= 0 and s.iseq > w then return {'REINDEX', s.iseq} end
-local wv = 8 + 2 * n + 2 * m  -- ARGV[wv + i]: the writer's value for id i, ARGV[wv + n + i]: parent i
+local wv = 11 + 2 * n + 2 * m  -- ARGV[wv + i]: the writer's value for id i, ARGV[wv + n + i]: parent i
 local function theirs(i)
   local v = ARGV[wv + i]
   if v and v ~= '' then return v end
@@ -267,10 +267,9 @@ local function refusal()
   end
   return nil
 end
-local tk = wv + n + m  -- ARGV[tk + 1..3]: group commit (riders to take, their bytes, keep)
 local refused = refusal()
 if refused then
-  if claims and KEYS[4] and ARGV[tk + 3] ~= '1' then step_aside(KEYS[3], KEYS[4], KEYS[5], nonce) end
+  if claims and KEYS[4] and ARGV[gc + 3] ~= '1' then step_aside(KEYS[3], KEYS[4], KEYS[5], nonce) end
   return refused
 end
 if claims then
@@ -299,9 +298,9 @@ if claims and KEYS[4] then kept = redis.call('DEL', KEYS[6] .. ':offer') end
 local out = {'OK', s.seq, s.last, kept}
 -- Group commit: take the offers of waiters (first come, first served; those without one keep
 -- their place), each at most once and only of this incarnation, within the budget.
-local maxr = tonumber(ARGV[tk + 1] or '0') or 0
+local maxr = tonumber(ARGV[gc + 1] or '0') or 0
 if claims and KEYS[4] and maxr > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
-  local budget = tonumber(ARGV[tk + 2] or '0') or 0
+  local budget = tonumber(ARGV[gc + 2] or '0') or 0
   local now = redis_ms()
   local want = ARGV[1] .. '\\n'
   local taken = 0

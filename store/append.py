@@ -131,10 +131,9 @@ class Appender:
         # older key, which stays readable (store/keys.py).
         plain, sealed_for = batch, header.incarnation
         batch = ctx.keys.seal_batch(header, plain)
-        metadata = segment_metadata(nonce, batch.checksum, len(batch.ids))
         # The segment's bytes go to the object store before CHECK: a backend may write them
         # while CHECK runs in Redis (store/object_store.py, ``stage``).
-        staged = ctx.objects.stage(ctx.layout.segment_prefix(sid, header.incarnation), batch.body, metadata)
+        staged = self._stage(sid, header, batch, nonce)
         # Group commit (docs/design.md, "Group commit"): while queued, offer our batch to ride
         # in the next claim holder's segment; holding the claim, take the batches offered.
         opts = ctx.options
@@ -184,11 +183,8 @@ class Appender:
                     if header.incarnation != sealed_for:
                         sealed_for = header.incarnation
                         batch = ctx.keys.seal_batch(header, plain)
-                        metadata = segment_metadata(nonce, batch.checksum, len(batch.ids))
                         staged.release()  # another incarnation's directory, other bytes
-                        staged = ctx.objects.stage(
-                            ctx.layout.segment_prefix(sid, header.incarnation), batch.body, metadata
-                        )
+                        staged = self._stage(sid, header, batch, nonce)
                     continue
                 if res.code == "DUPLICATE":
                     return AppendResult(sid, res.seq, batch.last_id, len(batch.ids))
@@ -218,10 +214,7 @@ class Appender:
                         continue
                     writing, riders = grouped
                     staged.release()
-                    staged = ctx.objects.stage(
-                        ctx.layout.segment_prefix(sid, header.incarnation), writing.body,
-                        segment_metadata(nonce, writing.checksum, len(writing.ids)),
-                    )
+                    staged = self._stage(sid, header, writing, nonce)
                 key = ctx.layout.segment(sid, header.incarnation, n + 1)
                 ctx.fault("append.before_put", session_id=sid, seq=n + 1)
                 outcome = self._put_segment(key, staged, nonce)
@@ -238,9 +231,7 @@ class Appender:
                     ctx.coord.wake(sid, riders, "back", ctx.options.claim_ms)
                     riders, take = (), None
                     staged.release()
-                    staged = ctx.objects.stage(
-                        ctx.layout.segment_prefix(sid, header.incarnation), batch.body, metadata
-                    )
+                    staged = self._stage(sid, header, batch, nonce)
                 if outcome == "ours":
                     # CHECK decides anew (a duplicate, a conflict, a new slot).
                     continue
@@ -259,6 +250,13 @@ class Appender:
             staged.release()
             if riders:  # we give up with a group's segment not committed: they decide
                 ctx.coord.wake(sid, riders, "back", ctx.options.claim_ms)
+
+    def _stage(self, sid: str, header: Header, batch: PreparedBatch, nonce: str) -> Staged:
+        """``batch`` staged as our segment of ``header``'s incarnation (its bytes, our nonce)."""
+        return self.ctx.objects.stage(
+            self.ctx.layout.segment_prefix(sid, header.incarnation), batch.body,
+            segment_metadata(nonce, batch.checksum, len(batch.ids)),
+        )
 
     def _combine(
         self, sid: str, header: Header, batch: PreparedBatch, res: CheckResult, nonce: str

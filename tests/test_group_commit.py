@@ -15,13 +15,13 @@ real Redis and S3. Orders, counts and contents are asserted, never durations.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from harness.pausing import InThread, Pause
 from history import Op, attempt, check_history
+from test_fair_appends import queued, wait_for
 
 from store import SessionStore
 from store.errors import ConflictError, IdCollisionError, IndeterminateError
@@ -33,22 +33,10 @@ def entry(eid: str, parent: str | None, text: str | None = None) -> dict[str, An
             "message": {"role": "user", "content": text or f"content of {eid}"}}
 
 
-def queued(store: SessionStore, sid: str) -> list[str]:
-    return [x.decode() for x in store.coord.client.zrange(store.coord.keys.queue(sid), 0, -1)]
-
-
 def offers(store: SessionStore, sid: str) -> list[str]:
     """Nonces of the writers whose batches are on offer to ride in the next segment."""
     coord = store.coord
     return [n for n in queued(store, sid) if coord.client.exists(coord.keys.turn(sid, n) + ":offer")]
-
-
-def wait_for(what: Callable[[], bool], why: str) -> None:
-    """Synchronisation, not a timing assertion: wait (generously) for a state to arise."""
-    deadline = time.monotonic() + 60
-    while not what():
-        assert time.monotonic() < deadline, f"never happened: {why}"
-        time.sleep(0.005)
 
 
 def segments(store: SessionStore, sid: str) -> list[list[str]]:
@@ -58,6 +46,18 @@ def segments(store: SessionStore, sid: str) -> list[list[str]]:
     for e, seq in zip(data.entries, data.seqs):
         out.setdefault(seq, []).append(str(e["id"]))
     return [out[k] for k in sorted(out)]
+
+
+def hold_claim(make_store: Callable[..., SessionStore], sid: str, batch: list[dict[str, Any]],
+               expected: str | None = None) -> tuple[Pause, SessionStore, InThread]:
+    """A session with entry "a", and a writer of ``batch`` stopped holding the claim on the
+    next segment (before its PUT). Returns the pause, a store to look with, the writer."""
+    hold = Pause("append.before_put")
+    holder = make_store(fault_hook=hold)
+    base = make_store()
+    base.create_session(sid)
+    base.append_session_entries(sid, [entry("a", None)])
+    return hold, base, InThread(lambda: holder.append_session_entries(sid, batch, expected).seq)
 
 
 def queue_behind(holder_pause: Pause, make: Callable[[int], InThread], count: int,
@@ -77,12 +77,7 @@ def test_writers_queued_behind_a_claim_ride_in_one_segment(
     """Three writers queue behind a claim holder. When it commits, the first of them takes the
     claim and writes all three batches, in the order they queued, as one segment: each is
     acknowledged with that segment, and nothing is left in the queue or on offer."""
-    hold = Pause("append.before_put")
-    holder = make_store(fault_hook=hold)
-    base = make_store()
-    base.create_session("g")
-    base.append_session_entries("g", [entry("a", None)])
-    h = InThread(lambda: holder.append_session_entries("g", [entry("h", "a")]).seq)
+    hold, base, h = hold_claim(make_store, "g", [entry("h", "a")])
     stores = [make_store() for _ in range(3)]
     waiters = queue_behind(
         hold, lambda i: InThread(lambda: stores[i].append_session_entries(
@@ -226,12 +221,7 @@ def test_a_rider_whose_batch_clashes_with_the_leaders_is_sent_back_and_refused(
     claim and the other's offer, finds the clash in the combined batch, sends the rider
     back and writes its own batch alone; the rider's CHECK then refuses it (IdCollisionError)
     and nothing of it is visible."""
-    hold = Pause("append.before_put")
-    holder = make_store(fault_hook=hold)
-    base = make_store()
-    base.create_session("c")
-    base.append_session_entries("c", [entry("a", None)])
-    h = InThread(lambda: holder.append_session_entries("c", [entry("h", "a")]).seq)
+    hold, base, h = hold_claim(make_store, "c", [entry("h", "a")])
     first, second = make_store(), make_store()
     waiters = queue_behind(hold, lambda i: InThread(lambda: (first, second)[i].append_session_entries(
         "c", [entry("x", "a", text=f"version {i}")]).seq), 2, base, "c")
@@ -253,13 +243,8 @@ def test_a_rider_whose_batch_was_stored_meanwhile_is_not_written_twice(
     sending commits it; the next claim holder takes the offer, and its CHECK of the combined
     batch finds the batch stored: it writes its own batch alone, and the re-send's CHECK
     answers with the segment the batch was committed as."""
-    hold = Pause("append.before_put")
-    holder = make_store(fault_hook=hold)
-    base = make_store()
-    base.create_session("d")
-    base.append_session_entries("d", [entry("a", None)])
     batch = [entry("x", "a"), entry("y", "x")]
-    h = InThread(lambda: holder.append_session_entries("d", batch).seq)
+    hold, base, h = hold_claim(make_store, "d", batch)
     leader, resend = make_store(), make_store()
     waiters = queue_behind(hold, lambda i: InThread(
         lambda: (leader.append_session_entries("d", [entry("L", "a")]) if i == 0
@@ -274,12 +259,7 @@ def test_a_rider_whose_batch_was_stored_meanwhile_is_not_written_twice(
 def test_writers_with_an_expected_tail_never_ride(make_store: Callable[..., SessionStore]) -> None:
     """A writer appending with an expected tail must land right after it: it queues without
     offering its batch, and writes its own segment when its turn comes."""
-    hold = Pause("append.before_put")
-    holder = make_store(fault_hook=hold)
-    base = make_store()
-    base.create_session("e")
-    base.append_session_entries("e", [entry("a", None)])
-    h = InThread(lambda: holder.append_session_entries("e", [entry("h", "a")], "a").seq)
+    hold, base, h = hold_claim(make_store, "e", [entry("h", "a")], "a")
     hold.wait_paused()
     w = make_store()
     plain = InThread(lambda: w.append_session_entries("e", [entry("p", "a")]).seq)
