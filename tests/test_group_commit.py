@@ -147,7 +147,10 @@ def test_a_leader_paused_past_its_lease_costs_its_riders_time_never_a_batch(
     hold = Pause("append.before_put")
     holder = make_store(fault_hook=hold, claim_ms=30_000)
     stop = Pause(point, when=lambda ctx: ctx.get("seq") == 3)
-    leader = make_store(fault_hook=stop, claim_ms=400)
+    # The leader waits in the queue first: its lease (its claim_ms) must outlast a slow
+    # machine's gaps between its renewals (a quarter of it), or it drops out of the queue
+    # and a rider leads instead. Two seconds, the default; its claim then lapses in two.
+    leader = make_store(fault_hook=stop, claim_ms=2000)
     base = make_store()
     base.create_session("p")
     base.append_session_entries("p", [entry("seed", None)])
