@@ -8,12 +8,17 @@ COMMIT has two dozen). With the embedded default that is a tenth of an append.
 
 :class:`DirectScripts` runs ``EVALSHA`` on connections it keeps itself: redis-py
 ``Connection`` objects made like the pool's (same address, auth, TLS, timeouts, protocol,
-health checks), never counted in or taken from the pool, packed here in one pass, their
-replies read by redis-py's own parser. What can go wrong goes wrong as through the client:
-redis-py's exceptions (a ``NoScriptError`` loads the script and runs it again through the
-client), which the coordinator translates as for every call. A connection whose call failed
-in any other way is disconnected before it is used again (it may hold half a reply), and a
-process that forked drops the free connections it inherited without touching them.
+health checks), never counted in or taken from the pool, packed here in one pass. Their
+replies are read here too (``_read_reply``): one ``recv`` for a reply that fits, parsed in
+one function, where redis-py's parser reads each element through a buffered line reader
+(about 0.05 ms of an append's client work; replies are a few numbers and strings). A
+connection whose parser holds buffered bytes, or a client that decodes responses, is read
+by redis-py's parser as before. What can go wrong goes wrong as through the client: the
+same redis-py exceptions (error replies through redis-py's own ``parse_error``, so a
+``NoScriptError`` loads the script and runs it again through the client), which the
+coordinator translates as for every call. A connection whose call failed in any other way
+is disconnected before it is used again (it may hold half a reply), and a process that
+forked drops the free connections it inherited without touching them.
 
 ``meanwhile``: what the caller does while Redis runs the script. The command is sent, the
 callable runs, then the reply is read, so that the round trip and the script's time in the
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +42,10 @@ import redis
 from redis.commands.core import Script
 
 _CRLF = b"\r\n"
+#: Bytes asked of the socket per ``recv``: a CHECK or COMMIT reply fits in one.
+_RECV = 65536
+#: Arguments at least this long are not copied into a formatted header (``_pack``).
+_LARGE_ARG = 4096
 #: Connections kept for reuse; more at once are made and closed after use.
 _KEEP = 64
 
@@ -82,7 +92,7 @@ class DirectScripts:
             conn.disconnect()  # its reply is never read: the connection is not reused
             raise
         try:
-            res = conn.read_response()
+            res = _read_reply(conn)
         except redis.exceptions.NoScriptError:
             self._give(conn)
             return script(keys=keys, args=args)  # loads the script, runs it once
@@ -129,11 +139,12 @@ def _pack(conn: Any, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> byte
     anything else goes through that encoder itself (and its errors)."""
     encoder = conn.encoder
     encoding, errors = encoder.encoding, encoder.encoding_errors
+    nkeys = b"%d" % len(keys)
     parts = [
-        b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n" % (3 + len(keys) + len(args), len(sha), sha.encode()),
+        b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"
+        % (3 + len(keys) + len(args), len(sha), sha.encode(), len(nkeys), nkeys),
     ]
-    nkeys = str(len(keys)).encode()
-    parts.append(b"$%d\r\n%s\r\n" % (len(nkeys), nkeys))
+    append = parts.append
     for group in (keys, args):
         for value in group:
             kind = type(value)
@@ -147,10 +158,145 @@ def _pack(conn: Any, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> byte
                 data = encoder.encode(value)
                 if isinstance(data, memoryview):
                     data = data.tobytes()
-            parts.append(b"$%d\r\n" % len(data))
-            parts.append(data)
-            parts.append(_CRLF)
+            if len(data) < _LARGE_ARG:
+                append(b"$%d\r\n%b\r\n" % (len(data), data))
+            else:  # a segment's bytes (the recent-segments cache): not copied twice
+                append(b"$%d\r\n" % len(data))
+                append(data)
+                append(_CRLF)
     return b"".join(parts)
+
+
+class _Short(Exception):
+    """The bytes end inside the reply: read more."""
+
+
+class _Error:
+    """An error reply's text (made into redis-py's exception once the reply is whole)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: bytes) -> None:
+        self.text = text
+
+
+def _read_reply(conn: Any) -> Any:
+    """The reply to the one command sent on ``conn``, as redis-py's ``read_response`` gives
+    it (undecoded: bytes, int, None, lists; an error reply raised as redis-py's exception,
+    one nested in an array returned as one, as redis-py does). Falls back to redis-py's
+    parser when it may hold bytes of its own or the client decodes responses."""
+    parser = conn._parser
+    buffer = getattr(parser, "_buffer", None)
+    sock = conn._sock
+    if (sock is None or buffer is None or buffer.unread_bytes()
+            or getattr(conn.encoder, "decode_responses", False)):
+        return conn.read_response()
+    data = b""
+    pos = 0
+    try:
+        while True:
+            try:
+                value, end = _parse(data, pos, parser)
+            except _Short:
+                chunk = sock.recv(_RECV)
+                if not chunk:
+                    raise redis.exceptions.ConnectionError("Connection closed by server.") from None
+                data += chunk
+                continue
+            if value is _PUSH:  # out of band (a server's notice): not the reply
+                pos = end
+                continue
+            break
+    except TimeoutError:  # the socket timeout (socket.timeout)
+        conn.disconnect()
+        raise redis.exceptions.TimeoutError(f"Timeout reading from {conn._host_error()}") from None
+    except OSError as exc:
+        conn.disconnect()
+        raise redis.exceptions.ConnectionError(
+            f"Error while reading from {conn._host_error()} : {exc.args}"
+        ) from None
+    except (ValueError, redis.exceptions.InvalidResponse) as exc:
+        conn.disconnect()
+        raise redis.exceptions.InvalidResponse(f"Protocol error: {exc}") from None
+    except BaseException:
+        conn.disconnect()
+        raise
+    if end != len(data):
+        conn.disconnect()  # bytes after the reply: nothing else was asked, do not reuse it
+    if conn.health_check_interval:
+        conn.next_health_check = time.monotonic() + conn.health_check_interval
+    if isinstance(value, _Error):
+        raise parser.parse_error(value.text.decode("utf-8", "replace"))
+    return value
+
+
+_PUSH = object()
+
+
+def _parse(data: bytes, pos: int, parser: Any, top: bool = True) -> tuple[Any, int]:
+    """One RESP2/RESP3 value of ``data`` at ``pos``: (value, the position after it). A push
+    message at the top is ``_PUSH``; an error reply at the top an ``_Error``, nested the
+    exception redis-py's ``parser`` makes of it (as its own parser returns it)."""
+    end = data.find(b"\r\n", pos)
+    if end < 0:
+        raise _Short
+    kind = data[pos]
+    line = data[pos + 1:end]
+    pos = end + 2
+    if kind == 36 or kind == 61 or kind == 33:  # $ bulk, = verbatim, ! bulk error
+        size = int(line)
+        if size < 0:
+            return None, pos
+        stop = pos + size
+        if len(data) < stop + 2:
+            raise _Short
+        blob = data[pos:stop]
+        if kind == 61:
+            blob = blob[4:]  # "txt:" (redis-py drops the format too)
+        elif kind == 33:
+            return _error(blob, parser, top), stop + 2
+        return blob, stop + 2
+    if kind == 58:  # : integer
+        return int(line), pos
+    if kind == 42 or kind == 126 or kind == 62:  # * array, ~ set, > push
+        count = int(line)
+        if count < 0:
+            return None, pos
+        items = []
+        for _ in range(count):
+            item, pos = _parse(data, pos, parser, False)
+            items.append(item)
+        if kind == 62 and top:
+            return _PUSH, pos
+        return items, pos  # a set too, as redis-py gives it (its members may be unhashable)
+    if kind == 43:  # + simple string
+        return line, pos
+    if kind == 45:  # - error
+        return _error(line, parser, top), pos
+    if kind == 95:  # _ null
+        return None, pos
+    if kind == 35:  # # boolean
+        return line == b"t", pos
+    if kind == 44:  # , double
+        return float(line), pos
+    if kind == 40:  # ( big number
+        return int(line), pos
+    if kind == 37:  # % map
+        out = {}
+        for _ in range(int(line)):
+            key, pos = _parse(data, pos, parser, False)
+            out[key], pos = _parse(data, pos, parser, False)
+        return out, pos
+    raise redis.exceptions.InvalidResponse(f"unknown reply type {bytes([kind])!r}")
+
+
+def _error(text: bytes, parser: Any, top: bool) -> Any:
+    if top:
+        return _Error(text)
+    error = parser.parse_error(text.decode("utf-8", "replace"))
+    if isinstance(error, redis.exceptions.ConnectionError):
+        raise error  # as redis-py's parser does, wherever the error sits
+    return error
 
 
 __all__ = ["DirectScripts"]

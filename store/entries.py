@@ -23,8 +23,9 @@ import hashlib
 import json
 import math
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import orjson
 

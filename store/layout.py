@@ -32,6 +32,7 @@ docs/design.md, "Incarnations").
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import threading
@@ -96,6 +97,7 @@ def is_session_id(name: str) -> bool:
     return bool(SESSION_ID_RE.match(name)) and ".." not in name
 
 
+@functools.lru_cache(maxsize=4096)
 def shard_of(session_id: str) -> str:
     """The session's shard: the first byte of blake2b of its UTF-8 id, in hex. Fixed by the
     format (never Python's ``hash()``, which is salted per process): every process of every

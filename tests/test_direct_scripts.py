@@ -157,6 +157,102 @@ def test_a_forked_child_makes_its_own_connections(client: redis.Redis, redis_url
     direct.close()
 
 
+# --- the replies, read by the direct path's own reader (coordination/direct.py, _read_reply) --
+
+#: Scripts whose replies cover what a script can answer: every RESP2 type, nested, large
+#: (over one ``recv``), and with ``redis.setresp(3)`` the RESP3 types a script can make.
+REPLIES = {
+    "int": "return -42",
+    "status": "return {ok='FINE'}",
+    "bulk": "return 'héllo\\r\\n'",
+    "empty": "return ''",
+    "nil": "return false",
+    "nested": "return {1, {'a', {2, false}}, '', {}, 'x', -7}",
+    "large": "return string.rep('ab\\r\\n', 70000)",
+    "many": "local t = {} for i = 1, 5000 do t[i] = tostring(i) end return t",
+    "resp3": "redis.setresp(3) return {1, {double=3.5}, {map={a=1, b={2}}}, {set={x=true}}, true, false,"
+             " {big_number='123456789012345678901234567890'}, {verbatim_string={format='txt', string='v\\r\\n'}}}",
+}
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+@pytest.mark.parametrize("name", sorted(REPLIES))
+def test_every_reply_reads_as_the_client_reads_it(redis_url: str, name: str, protocol: int) -> None:
+    client = redis.Redis.from_url(redis_url, protocol=protocol)
+    direct = DirectScripts.for_client(client)
+    assert direct is not None
+    script = client.register_script(REPLIES[name])
+    expected = script(keys=[], args=[])
+    assert direct.run(script, [], []) == expected
+    assert direct.run(script, [], []) == expected  # the connection reused, in step
+    assert len(direct._free) == 1
+    direct.close()
+    client.close()
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_an_error_nested_in_a_reply_is_returned_as_the_client_returns_it(
+    redis_url: str, protocol: int
+) -> None:
+    client = redis.Redis.from_url(redis_url, protocol=protocol)
+    direct = DirectScripts.for_client(client)
+    assert direct is not None
+    script = client.register_script("return {1, redis.error_reply('NOPE inner'), 'x'}")
+    expected = script(keys=[], args=[])
+    got = direct.run(script, [], [])
+    assert [type(v) for v in got] == [type(v) for v in expected]
+    assert [str(v) for v in got] == [str(v) for v in expected]
+    assert isinstance(got[1], redis.exceptions.ResponseError)
+    direct.close()
+    client.close()
+
+
+def test_a_push_message_before_the_reply_is_skipped(client: redis.Redis, redis_url: str) -> None:
+    """RESP3 lets the server send a push (here a client-side caching invalidation) on any
+    connection at any time: it is not the script's reply."""
+    c3 = redis.Redis.from_url(redis_url, protocol=3)
+    direct = DirectScripts.for_client(c3)
+    assert direct is not None
+    script = c3.register_script("return redis.call('INCR', KEYS[1])")
+    assert direct.run(script, ["pushed"], []) == 1
+    conn = direct._take()  # the connection the next call takes: it tracks a key
+    conn.send_command("CLIENT", "TRACKING", "ON")
+    assert conn.read_response() == b"OK"
+    conn.send_command("GET", "tracked")
+    conn.read_response()
+    direct._give(conn)
+    client.set("tracked", "changed")  # the server pushes an invalidation to that connection
+    deadline = time.monotonic() + 10
+    while not conn._sock.recv(1, __import__("socket").MSG_PEEK | __import__("socket").MSG_DONTWAIT):
+        assert time.monotonic() < deadline
+    assert direct.run(script, ["pushed"], []) == 2
+    assert direct._free == [conn]  # read in step: kept for the next call
+    assert direct.run(script, ["pushed"], []) == 3
+    direct.close()
+    c3.close()
+
+
+def test_a_reply_that_does_not_come_in_time_is_a_timeout_and_the_connection_dropped(
+    redis_url: str,
+) -> None:
+    client = redis.Redis.from_url(redis_url, socket_timeout=0.2)
+    direct = DirectScripts.for_client(client)
+    assert direct is not None
+    slow = client.register_script(
+        "local t0 = redis.call('TIME') local n = 0"
+        " repeat n = n + 1 local t = redis.call('TIME')"
+        " until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 600000 return n"
+    )
+    slow.sha = client.script_load(slow.script)
+    with pytest.raises(redis.exceptions.TimeoutError):
+        direct.run(slow, [], [])
+    assert direct._free == []  # its reply may still come: never read by another call
+    time.sleep(0.6)
+    assert direct.run(client.register_script("return 5"), [], []) == 5
+    direct.close()
+    client.close()
+
+
 def test_only_a_plain_client_goes_direct(redis_url: str) -> None:
     class Sub(redis.Redis):
         pass
