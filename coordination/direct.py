@@ -11,14 +11,15 @@ COMMIT has two dozen). With the embedded default that is a tenth of an append.
 health checks), never counted in or taken from the pool, packed here in one pass. Their
 replies are read here too (``_read_reply``): one ``recv`` for a reply that fits, parsed in
 one function, where redis-py's parser reads each element through a buffered line reader
-(about 0.05 ms of an append's client work; replies are a few numbers and strings). A
-connection whose parser holds buffered bytes, or a client that decodes responses, is read
-by redis-py's parser as before. What can go wrong goes wrong as through the client: the
-same redis-py exceptions (error replies through redis-py's own ``parse_error``, so a
-``NoScriptError`` loads the script and runs it again through the client), which the
-coordinator translates as for every call. A connection whose call failed in any other way
-is disconnected before it is used again (it may hold half a reply), and a process that
-forked drops the free connections it inherited without touching them.
+(with the one-pass packer 0.03-0.04 ms of an append: docs/performance.md). The
+connection's own parser reads a reply when it is not one of redis-py's pure-Python parsers
+(hiredis's, a subclass), when it holds bytes already read, or when the client decodes
+responses. What can go wrong goes wrong as through the client: the same redis-py
+exceptions (error replies through redis-py's own ``parse_error``, so a ``NoScriptError``
+loads the script and runs it again through the client), which the coordinator translates
+as for every call. A connection whose call failed in any other way is disconnected before
+it is used again (it may hold half a reply), and a process that forked drops the free
+connections it inherited without touching them.
 
 ``meanwhile``: what the caller does while Redis runs the script. The command is sent, the
 callable runs, then the reply is read, so that the round trip and the script's time in the
@@ -40,6 +41,13 @@ from typing import Any
 
 import redis
 from redis.commands.core import Script
+
+try:  # redis-py's own parsers, whose buffer the reply reader knows (hiredis's it does not)
+    from redis._parsers import _RESP2Parser, _RESP3Parser
+
+    _READ_HERE: tuple[type, ...] = (_RESP2Parser, _RESP3Parser)
+except ImportError:  # pragma: no cover - another redis-py layout: its parser reads them all
+    _READ_HERE = ()
 
 _CRLF = b"\r\n"
 #: Bytes asked of the socket per ``recv``: a CHECK or COMMIT reply fits in one.
@@ -183,13 +191,13 @@ class _Error:
 def _read_reply(conn: Any) -> Any:
     """The reply to the one command sent on ``conn``, as redis-py's ``read_response`` gives
     it (undecoded: bytes, int, None, lists; an error reply raised as redis-py's exception,
-    one nested in an array returned as one, as redis-py does). Falls back to redis-py's
-    parser when it may hold bytes of its own or the client decodes responses."""
+    one nested in an array returned as one, as redis-py does). The connection's own parser
+    reads it when that is not one of redis-py's pure-Python parsers (hiredis, a subclass),
+    when it holds bytes already read, or when the client decodes responses."""
     parser = conn._parser
-    buffer = getattr(parser, "_buffer", None)
     sock = conn._sock
-    if (sock is None or buffer is None or buffer.unread_bytes()
-            or getattr(conn.encoder, "decode_responses", False)):
+    if (type(parser) not in _READ_HERE or sock is None or parser._buffer is None
+            or parser._buffer.unread_bytes() or conn.encoder.decode_responses):
         return conn.read_response()
     data = b""
     pos = 0

@@ -207,6 +207,38 @@ def test_an_error_nested_in_a_reply_is_returned_as_the_client_returns_it(
     client.close()
 
 
+def test_a_client_that_decodes_or_another_parser_reads_with_its_own(redis_url: str) -> None:
+    """The direct path's reader knows redis-py's pure-Python parsers and undecoded replies;
+    anything else (hiredis's parser, a subclass, ``decode_responses``) reads as it always
+    did, through the connection's own parser."""
+    from redis._parsers import _RESP3Parser
+
+    reads: list[int] = []
+
+    class Counting(_RESP3Parser):
+        def read_response(self, *args: object, **kwargs: object) -> object:
+            reads.append(1)
+            return super().read_response(*args, **kwargs)
+
+    for client in (
+        redis.Redis.from_url(redis_url, decode_responses=True),
+        redis.Redis.from_url(redis_url, protocol=3, parser_class=Counting),
+    ):
+        direct = DirectScripts.for_client(client)
+        assert direct is not None
+        script = client.register_script("return {'a', 1, {'b'}}")
+        expected = script(keys=[], args=[])
+        assert direct.run(script, [], []) == expected  # connects (the handshake's replies)
+        reads.clear()
+        assert direct.run(script, [], []) == expected
+        if client.connection_pool.connection_kwargs.get("parser_class") is Counting:
+            assert reads == [1]
+        else:
+            assert expected == ["a", 1, ["b"]]
+        direct.close()
+        client.close()
+
+
 def test_a_push_message_before_the_reply_is_skipped(client: redis.Redis, redis_url: str) -> None:
     """RESP3 lets the server send a push (here a client-side caching invalidation) on any
     connection at any time: it is not the script's reply."""
