@@ -41,6 +41,8 @@ ALWAYS = [
     "contention.lost",
     "local.append.p50_ms",
     "local.append_fsync.p50_ms",
+    "local.create_fsync.p50_ms",
+    "local.create_vs_append_fsync.ratio_p50",
     "listing.sessions",
     "listing.first_page.store_ms",
     "listing.first_page.floor_ms",

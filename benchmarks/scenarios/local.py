@@ -12,6 +12,11 @@ hits them all:
   directly, through ``AsyncSessionStore`` (one hop to a thread, as ``SQLiteSession`` makes),
   and through the OpenAI adapter (``SessionStoreSession.add_items`` of one item).
   Acknowledged means fsynced (the object and its directory entry): survives a power loss.
+- the floor of a durable create on this disk, with raw system calls: a 1 KB file written
+  with no name (``O_TMPFILE``; a named temporary file where there is none), fsynced, linked,
+  and its directory fsynced: the two journal commits of every embedded append, against the
+  one of pi's fsynced append (a file that exists). The flush latency of a shared disk drifts
+  by several times within minutes; these two rows say how dear a flush was in this run.
 - ``SQLiteSession.add_items`` of one item (openai-agents; skipped when not installed). The
   SDK puts the database in WAL mode and leaves ``synchronous`` at SQLite's default (FULL),
   read back from its connection and recorded: the WAL is synced at every commit, so an
@@ -63,7 +68,7 @@ def sqlite_available() -> bool:
 
 def expected_figures() -> list[str]:
     """The append figures of this scenario (the resume ones are per size, in cli.py)."""
-    names = ["local.append.p50_ms", "local.append_fsync.p50_ms"]
+    names = ["local.append.p50_ms", "local.append_fsync.p50_ms", "local.create_fsync.p50_ms"]
     names += [f"local.embedded.{way}.{q}_ms" for way in ("append", "aio_append") for q in ("p50", "p99")]
     if sqlite_available():
         names += ["local.embedded.add_items.p50_ms", "local.embedded.add_items.p99_ms",
@@ -94,6 +99,11 @@ class _Sides:
         self.lines = [encode([e]) for e in chain("l", 0, 2 * appends + 64, None)]
         self.calls["pi"] = self._pi
         self.calls["pi_fsync"] = self._pi_fsync
+        # The floor of a durable create: a directory of its own, opened once.
+        (root / "creates").mkdir()
+        self.create_dir = os.open(root / "creates", os.O_RDONLY | os.O_DIRECTORY)
+        self._closers.append(lambda: os.close(self.create_dir))
+        self.calls["create_fsync"] = self._create_fsync
         # The embedded default, exactly as a user opens it.
         self.store_dir = root / "embedded"
         self.store = SessionStore.from_url(self.store_dir.as_uri())
@@ -146,6 +156,27 @@ class _Sides:
             fh.write(self.lines[2 * i + 1])
             fh.flush()
             os.fsync(fh.fileno())
+        return time.perf_counter() - t0
+
+    def _create_fsync(self, i: int) -> float:
+        data, dfd = self.lines[2 * i], self.create_dir
+        t0 = time.perf_counter()
+        tmp = None
+        try:
+            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd)
+        except (AttributeError, OSError):  # no unnamed files here: a named one, renamed
+            tmp = f".tmp-{i}"
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644, dir_fd=dfd)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+            if tmp is None:
+                os.link(f"/proc/self/fd/{fd}", f"{i:08d}", dst_dir_fd=dfd, follow_symlinks=True)
+            else:
+                os.rename(tmp, f"{i:08d}", src_dir_fd=dfd, dst_dir_fd=dfd)
+        finally:
+            os.close(fd)
+        os.fsync(dfd)
         return time.perf_counter() - t0
 
     def _embedded(self, i: int) -> float:
@@ -223,6 +254,8 @@ def _appends(ctx: Context, root: Path) -> None:
     R.fig("local.append.p99_ms", s["pi"]["p99"], "ms")
     R.fig("local.append_fsync.p50_ms", s["pi_fsync"]["p50"], "ms")
     R.fig("local.append_fsync.p99_ms", s["pi_fsync"]["p99"], "ms")
+    R.fig("local.create_fsync.p50_ms", s["create_fsync"]["p50"], "ms")
+    R.fig("local.create_fsync.p99_ms", s["create_fsync"]["p99"], "ms")
     for way, side in (("append", "embedded"), ("aio_append", "aio")):
         R.fig(f"local.embedded.{way}.p50_ms", s[side]["p50"], "ms")
         R.fig(f"local.embedded.{way}.p99_ms", s[side]["p99"], "ms")
@@ -230,6 +263,12 @@ def _appends(ctx: Context, root: Path) -> None:
     R.row(scenario, "append 1 entry: pi's file, no fsync (pi) / with fsync, p50 / p99",
           f"{fmt_ms(s['pi']['p50'])} / {fmt_ms(s['pi']['p99'])}; "
           f"{fmt_ms(s['pi_fsync']['p50'])} / {fmt_ms(s['pi_fsync']['p99'])}", "", "")
+    flushes = R.fig("local.create_vs_append_fsync.ratio_p50",
+                    s["create_fsync"]["p50"] / s["pi_fsync"]["p50"], "x")
+    R.row(scenario, "the disk's flush floor: durable create of a 1 KB file (unnamed, fsynced, linked, "
+          "directory fsynced; an embedded append's two flushes) vs pi's fsynced append (one), p50 / p99",
+          f"{fmt_ms(s['create_fsync']['p50'])} / {fmt_ms(s['create_fsync']['p99'])}",
+          f"{fmt_ms(s['pi_fsync']['p50'])} / {fmt_ms(s['pi_fsync']['p99'])}", f"p50 {fmt_ratio(flushes)}")
     em, ai = s["embedded"], s["aio"]
     if "sqlite" not in samples:
         R.row(scenario, "append 1 entry: embedded default, direct / AsyncSessionStore, p50 / p99",
