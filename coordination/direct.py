@@ -179,15 +179,6 @@ class _Short(Exception):
     """The bytes end inside the reply: read more."""
 
 
-class _Error:
-    """An error reply's text (made into redis-py's exception once the reply is whole)."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: bytes) -> None:
-        self.text = text
-
-
 def _read_reply(conn: Any) -> Any:
     """The reply to the one command sent on ``conn``, as redis-py's ``read_response`` gives
     it (undecoded: bytes, int, None, lists; an error reply raised as redis-py's exception,
@@ -233,8 +224,8 @@ def _read_reply(conn: Any) -> Any:
         conn.disconnect()  # bytes after the reply: nothing else was asked, do not reuse it
     if conn.health_check_interval:
         conn.next_health_check = time.monotonic() + conn.health_check_interval
-    if isinstance(value, _Error):
-        raise parser.parse_error(value.text.decode("utf-8", "replace"))
+    if isinstance(value, redis.exceptions.ResponseError):
+        raise value  # an error reply (one inside an array is returned, as redis-py does)
     return value
 
 
@@ -243,8 +234,8 @@ _PUSH = object()
 
 def _parse(data: bytes, pos: int, parser: Any, top: bool = True) -> tuple[Any, int]:
     """One RESP2/RESP3 value of ``data`` at ``pos``: (value, the position after it). A push
-    message at the top is ``_PUSH``; an error reply at the top an ``_Error``, nested the
-    exception redis-py's ``parser`` makes of it (as its own parser returns it)."""
+    message at the top is ``_PUSH``; an error reply the exception redis-py's ``parser``
+    makes of it (as its own parser returns it)."""
     end = data.find(b"\r\n", pos)
     if end < 0:
         raise _Short
@@ -262,7 +253,7 @@ def _parse(data: bytes, pos: int, parser: Any, top: bool = True) -> tuple[Any, i
         if kind == 61:
             blob = blob[4:]  # "txt:" (redis-py drops the format too)
         elif kind == 33:
-            return _error(blob, parser, top), stop + 2
+            return _error(blob, parser), stop + 2
         return blob, stop + 2
     if kind == 58:  # : integer
         return int(line), pos
@@ -280,7 +271,7 @@ def _parse(data: bytes, pos: int, parser: Any, top: bool = True) -> tuple[Any, i
     if kind == 43:  # + simple string
         return line, pos
     if kind == 45:  # - error
-        return _error(line, parser, top), pos
+        return _error(line, parser), pos
     if kind == 95:  # _ null
         return None, pos
     if kind == 35:  # # boolean
@@ -298,9 +289,7 @@ def _parse(data: bytes, pos: int, parser: Any, top: bool = True) -> tuple[Any, i
     raise redis.exceptions.InvalidResponse(f"unknown reply type {bytes([kind])!r}")
 
 
-def _error(text: bytes, parser: Any, top: bool) -> Any:
-    if top:
-        return _Error(text)
+def _error(text: bytes, parser: Any) -> Any:
     error = parser.parse_error(text.decode("utf-8", "replace"))
     if isinstance(error, redis.exceptions.ConnectionError):
         raise error  # as redis-py's parser does, wherever the error sits

@@ -58,7 +58,6 @@ DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 
 
-
 class InvalidCursorError(InvalidInputError):
     """A listing cursor that no listing returned (not a session id)."""
 
