@@ -43,6 +43,8 @@ ALWAYS = [
     "local.append_fsync.p50_ms",
     "local.create_fsync.p50_ms",
     "local.create_vs_append_fsync.ratio_p50",
+    "local.protocol_floor.p50_ms",
+    "local.embedded_vs_protocol_floor.ratio_p50",
     "listing.sessions",
     "listing.first_page.store_ms",
     "listing.first_page.floor_ms",

@@ -17,6 +17,13 @@ hits them all:
   and its directory fsynced: the two journal commits of every embedded append, against the
   one of pi's fsynced append (a file that exists). The flush latency of a shared disk drifts
   by several times within minutes; these two rows say how dear a flush was in this run.
+- the protocol's floor: what any implementation of the embedded append's protocol must do,
+  with none of the store's code, through one thread hop like ``AsyncSessionStore``: a
+  round trip to the same embedded redis-server (a script that returns at once: CHECK) during
+  which the 1 KB file is written with no name and fsynced, then its link and the directory's
+  fsync, then a second round trip (COMMIT, which may only follow the directory's flush). Its
+  ratio to ``SQLiteSession`` says whether the target is within this design's reach in the
+  run at all; the store's ratio to it, how much the store adds to its own protocol.
 - ``SQLiteSession.add_items`` of one item (openai-agents; skipped when not installed). The
   SDK puts the database in WAL mode and leaves ``synchronous`` at SQLite's default (FULL),
   read back from its connection and recorded: the WAL is synced at every commit, so an
@@ -40,6 +47,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import orjson
@@ -48,6 +56,7 @@ from benchmarks.context import Context
 from benchmarks.results import fmt_ms, fmt_ratio
 from benchmarks.stats import median, ratio_ci, summarize
 from benchmarks.workload import chain, encode
+from coordination.direct import DirectScripts
 from store.session import Session
 
 _HEADER = {"type": "session", "version": 3, "id": "local", "timestamp": "2026-01-01T00:00:00.000Z", "cwd": "/bench"}
@@ -68,14 +77,33 @@ def sqlite_available() -> bool:
 
 def expected_figures() -> list[str]:
     """The append figures of this scenario (the resume ones are per size, in cli.py)."""
-    names = ["local.append.p50_ms", "local.append_fsync.p50_ms", "local.create_fsync.p50_ms"]
+    names = ["local.append.p50_ms", "local.append_fsync.p50_ms", "local.create_fsync.p50_ms",
+             "local.protocol_floor.p50_ms", "local.protocol_floor.p99_ms", "local.embedded_vs_protocol_floor.ratio_p50"]
     names += [f"local.embedded.{way}.{q}_ms" for way in ("append", "aio_append") for q in ("p50", "p99")]
     if sqlite_available():
         names += ["local.embedded.add_items.p50_ms", "local.embedded.add_items.p99_ms",
                   "local.sqlite.add_items.p50_ms", "local.sqlite.add_items.p99_ms",
                   "local.embedded_vs_sqlite.ratio_p50", "local.embedded_sync_vs_sqlite.ratio_p50",
-                  "local.adapter_vs_sqlite.ratio_p50"]
+                  "local.adapter_vs_sqlite.ratio_p50", "local.protocol_floor_vs_sqlite.ratio_p50",
+                  "local.protocol_floor_one_flush.p50_ms", "local.protocol_floor_one_flush_vs_sqlite.ratio_p50"]
     return names
+
+
+def _unnamed_file(dfd: int, i: int) -> tuple[int, str | None]:
+    """A file to write in ``dfd``: one with no name (``O_TMPFILE``), or where there are none a
+    named temporary file (then renamed)."""
+    try:
+        return os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd), None
+    except (AttributeError, OSError):
+        tmp = f".tmp-{i}"
+        return os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644, dir_fd=dfd), tmp
+
+
+def _name_file(fd: int, tmp: str | None, dfd: int, i: int) -> None:
+    if tmp is None:
+        os.link(f"/proc/self/fd/{fd}", f"{i:08d}", dst_dir_fd=dfd, follow_symlinks=True)
+    else:
+        os.rename(tmp, f"{i:08d}", src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
 def _item(i: int) -> dict[str, Any]:
@@ -118,6 +146,22 @@ class _Sides:
         self.asid = self.store.create_session(cwd="/bench").session_id
         self.aentries = chain("a", 0, appends + 64, None)
         self.calls["aio"] = self._aio
+        # The protocol's floor: the embedded server's client, a script that does nothing, a
+        # directory of its own, one thread hop as AsyncSessionStore makes.
+        self.scripts = DirectScripts.for_client(self.store.coord.client)
+        if self.scripts is not None:
+            self._closers.append(self.scripts.close)
+            self.noop = self.store.coord.client.register_script("return 1")
+            self.noop()  # loaded: every call below is one EVALSHA
+            (root / "floor").mkdir()
+            self.floor_dir = os.open(root / "floor", os.O_RDONLY | os.O_DIRECTORY)
+            self._closers.append(lambda: os.close(self.floor_dir))
+            self.hop = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-floor")
+            self._closers.append(self.hop.shutdown)
+            self.calls["floor"] = self._floor
+            self.log = os.open(root / "floor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._closers.append(lambda: os.close(self.log))
+            self.calls["floor_one_flush"] = self._floor_one_flush
         if sqlite_available():
             self._open_sqlite_and_adapter()
 
@@ -161,23 +205,68 @@ class _Sides:
     def _create_fsync(self, i: int) -> float:
         data, dfd = self.lines[2 * i], self.create_dir
         t0 = time.perf_counter()
-        tmp = None
-        try:
-            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd)
-        except (AttributeError, OSError):  # no unnamed files here: a named one, renamed
-            tmp = f".tmp-{i}"
-            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644, dir_fd=dfd)
+        fd, tmp = _unnamed_file(dfd, i)
         try:
             os.write(fd, data)
             os.fsync(fd)
-            if tmp is None:
-                os.link(f"/proc/self/fd/{fd}", f"{i:08d}", dst_dir_fd=dfd, follow_symlinks=True)
-            else:
-                os.rename(tmp, f"{i:08d}", src_dir_fd=dfd, dst_dir_fd=dfd)
+            _name_file(fd, tmp, dfd, i)
         finally:
             os.close(fd)
         os.fsync(dfd)
         return time.perf_counter() - t0
+
+    def _floor(self, i: int) -> float:
+        t0 = time.perf_counter()
+        self._run(self.loop.run_in_executor(self.hop, self._floor_append, i))
+        return time.perf_counter() - t0
+
+    def _floor_append(self, i: int) -> None:
+        """CHECK's round trip while the bytes are written and fsynced into a file with no
+        name; the link and the directory's fsync; COMMIT's round trip (docs/design.md)."""
+        data, dfd = self.lines[2 * i], self.floor_dir
+        made: list[tuple[int, str | None]] = []
+
+        def write() -> None:
+            fd, tmp = _unnamed_file(dfd, i)
+            made.append((fd, tmp))
+            os.write(fd, data)
+            os.fsync(fd)
+
+        self.scripts.run(self.noop, [], [], meanwhile=write)
+        fd, tmp = made[0]
+        try:
+            _name_file(fd, tmp, dfd, i)
+        finally:
+            os.close(fd)
+        os.fsync(dfd)
+        self.scripts.run(self.noop, [], [])
+
+    def _floor_one_flush(self, i: int) -> float:
+        t0 = time.perf_counter()
+        self._run(self.loop.run_in_executor(self.hop, self._floor_one_flush_append, i))
+        return time.perf_counter() - t0
+
+    def _floor_one_flush_append(self, i: int) -> None:
+        """The same protocol with one flush: the file is not fsynced, its bytes go to a log
+        of the store's own instead, appended and ``fdatasync``ed after the link (a design
+        the store does not have: docs/performance.md, "What would close it")."""
+        data, dfd = self.lines[2 * i], self.floor_dir
+        made: list[tuple[int, str | None]] = []
+
+        def write() -> None:
+            fd, tmp = _unnamed_file(dfd, i)
+            made.append((fd, tmp))
+            os.write(fd, data)
+
+        self.scripts.run(self.noop, [], [], meanwhile=write)
+        fd, tmp = made[0]
+        try:
+            _name_file(fd, tmp, dfd, -1 - i)
+        finally:
+            os.close(fd)
+        os.write(self.log, data)
+        os.fdatasync(self.log)
+        self.scripts.run(self.noop, [], [])
 
     def _embedded(self, i: int) -> float:
         entry = self.entries[i]
@@ -269,7 +358,16 @@ def _appends(ctx: Context, root: Path) -> None:
           "directory fsynced; an embedded append's two flushes) vs pi's fsynced append (one), p50 / p99",
           f"{fmt_ms(s['create_fsync']['p50'])} / {fmt_ms(s['create_fsync']['p99'])}",
           f"{fmt_ms(s['pi_fsync']['p50'])} / {fmt_ms(s['pi_fsync']['p99'])}", f"p50 {fmt_ratio(flushes)}")
-    em, ai = s["embedded"], s["aio"]
+    em, ai, fl = s["embedded"], s["aio"], s.get("floor")
+    if fl is not None:
+        R.fig("local.protocol_floor.p50_ms", fl["p50"], "ms")
+        R.fig("local.protocol_floor.p99_ms", fl["p99"], "ms")
+        own = R.fig("local.embedded_vs_protocol_floor.ratio_p50", ai["p50"] / fl["p50"], "x")
+        R.row(scenario, "append 1 entry, one thread hop: embedded default (AsyncSessionStore) vs the protocol's "
+              "floor (no store code: a no-op script's round trip while the file is written and fsynced, link, "
+              "directory fsync, a second round trip), p50 / p99",
+              f"{fmt_ms(ai['p50'])} / {fmt_ms(ai['p99'])}", f"{fmt_ms(fl['p50'])} / {fmt_ms(fl['p99'])}",
+              f"p50 {fmt_ratio(own, ratio_ci(samples['aio'], samples['floor'], 50))}")
     if "sqlite" not in samples:
         R.row(scenario, "append 1 entry: embedded default, direct / AsyncSessionStore, p50 / p99",
               f"{fmt_ms(em['p50'])} / {fmt_ms(em['p99'])}; {fmt_ms(ai['p50'])} / {fmt_ms(ai['p99'])}",
@@ -299,6 +397,19 @@ def _appends(ctx: Context, root: Path) -> None:
     R.row(scenario, "add_items of 1 item: embedded default (OpenAI adapter) vs SQLiteSession add_items",
           f"{fmt_ms(ad['p50'])} / {fmt_ms(ad['p99'])}", f"{fmt_ms(sq['p50'])} / {fmt_ms(sq['p99'])}",
           f"p50 {fmt_ratio(adapter)}")
+    if fl is not None:
+        one = s["floor_one_flush"]
+        R.fig("local.protocol_floor_one_flush.p50_ms", one["p50"], "ms")
+        reach_one = R.fig("local.protocol_floor_one_flush_vs_sqlite.ratio_p50", one["p50"] / sq["p50"], "x")
+        reach = R.fig("local.protocol_floor_vs_sqlite.ratio_p50", fl["p50"] / sq["p50"], "x")
+        R.row(scenario, "the protocol's floor (one thread hop, no store code) vs SQLiteSession add_items: "
+              f"above {TARGET:g}x, the target is out of this design's reach in this run",
+              f"{fmt_ms(fl['p50'])} / {fmt_ms(fl['p99'])}", f"{fmt_ms(sq['p50'])} / {fmt_ms(sq['p99'])}",
+              f"p50 {fmt_ratio(reach, ratio_ci(samples['floor'], samples['sqlite'], 50))}")
+        R.row(scenario, "the protocol's floor with one flush (the file not fsynced, its bytes appended to a log "
+              "and fdatasynced after the link: a design the store does not have) vs SQLiteSession add_items",
+              f"{fmt_ms(one['p50'])} / {fmt_ms(one['p99'])}", f"{fmt_ms(sq['p50'])} / {fmt_ms(sq['p99'])}",
+              f"p50 {fmt_ratio(reach_one, ratio_ci(samples['floor_one_flush'], samples['sqlite'], 50))}")
 
 
 def _resumes(ctx: Context, root: Path) -> None:
