@@ -14,7 +14,7 @@ hits them all:
   Acknowledged means fsynced (the object and its directory entry): survives a power loss.
 - the floor of a durable create on this disk, with raw system calls: a 1 KB file written
   with no name (``O_TMPFILE``; a named temporary file where there is none), fsynced, linked,
-  and its directory fsynced: the two journal commits of every embedded append, against the
+  and its directory fsynced: the two flushes of every embedded append, against the
   one of pi's fsynced append (a file that exists). The flush latency of a shared disk drifts
   by several times within minutes; these two rows say how dear a flush was in this run.
 - the protocol's floor: what any implementation of the embedded append's protocol must do,
@@ -23,7 +23,9 @@ hits them all:
   which the 1 KB file is written with no name and fsynced, then its link and the directory's
   fsync, then a second round trip (COMMIT, which may only follow the directory's flush). Its
   ratio to ``SQLiteSession`` says whether the target is within this design's reach in the
-  run at all; the store's ratio to it, how much the store adds to its own protocol.
+  run at all; the store's ratio to it, how much the store adds to its own protocol. And the
+  same with one flush: the file not fsynced, its bytes appended to a log and ``fdatasync``ed
+  after the link (a design the store does not have: what one flush would buy).
 - ``SQLiteSession.add_items`` of one item (openai-agents; skipped when not installed). The
   SDK puts the database in WAL mode and leaves ``synchronous`` at SQLite's default (FULL),
   read back from its connection and recorded: the WAL is synced at every commit, so an
@@ -46,8 +48,8 @@ import random
 import shutil
 import tempfile
 import time
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable
 
 import orjson
@@ -217,39 +219,19 @@ class _Sides:
 
     def _floor(self, i: int) -> float:
         t0 = time.perf_counter()
-        self._run(self.loop.run_in_executor(self.hop, self._floor_append, i))
+        self._run(self.loop.run_in_executor(self.hop, self._floor_append, i, False))
         return time.perf_counter() - t0
-
-    def _floor_append(self, i: int) -> None:
-        """CHECK's round trip while the bytes are written and fsynced into a file with no
-        name; the link and the directory's fsync; COMMIT's round trip (docs/design.md)."""
-        data, dfd = self.lines[2 * i], self.floor_dir
-        made: list[tuple[int, str | None]] = []
-
-        def write() -> None:
-            fd, tmp = _unnamed_file(dfd, i)
-            made.append((fd, tmp))
-            os.write(fd, data)
-            os.fsync(fd)
-
-        self.scripts.run(self.noop, [], [], meanwhile=write)
-        fd, tmp = made[0]
-        try:
-            _name_file(fd, tmp, dfd, i)
-        finally:
-            os.close(fd)
-        os.fsync(dfd)
-        self.scripts.run(self.noop, [], [])
 
     def _floor_one_flush(self, i: int) -> float:
         t0 = time.perf_counter()
-        self._run(self.loop.run_in_executor(self.hop, self._floor_one_flush_append, i))
+        self._run(self.loop.run_in_executor(self.hop, self._floor_append, i, True))
         return time.perf_counter() - t0
 
-    def _floor_one_flush_append(self, i: int) -> None:
-        """The same protocol with one flush: the file is not fsynced, its bytes go to a log
-        of the store's own instead, appended and ``fdatasync``ed after the link (a design
-        the store does not have: docs/performance.md, "What would close it")."""
+    def _floor_append(self, i: int, one_flush: bool) -> None:
+        """CHECK's round trip while the bytes are written and fsynced into a file with no
+        name; the link and the directory's fsync; COMMIT's round trip (docs/design.md). With
+        ``one_flush``, the file and the directory are not fsynced: the bytes are appended to
+        a log and ``fdatasync``ed after the link instead."""
         data, dfd = self.lines[2 * i], self.floor_dir
         made: list[tuple[int, str | None]] = []
 
@@ -257,15 +239,20 @@ class _Sides:
             fd, tmp = _unnamed_file(dfd, i)
             made.append((fd, tmp))
             os.write(fd, data)
+            if not one_flush:
+                os.fsync(fd)
 
         self.scripts.run(self.noop, [], [], meanwhile=write)
         fd, tmp = made[0]
         try:
-            _name_file(fd, tmp, dfd, -1 - i)
+            _name_file(fd, tmp, dfd, -1 - i if one_flush else i)
         finally:
             os.close(fd)
-        os.write(self.log, data)
-        os.fdatasync(self.log)
+        if one_flush:
+            os.write(self.log, data)
+            os.fdatasync(self.log)
+        else:
+            os.fsync(dfd)
         self.scripts.run(self.noop, [], [])
 
     def _embedded(self, i: int) -> float:
