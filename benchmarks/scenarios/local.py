@@ -25,7 +25,9 @@ hits them all:
   ratio to ``SQLiteSession`` says whether the target is within this design's reach in the
   run at all; the store's ratio to it, how much the store adds to its own protocol. And the
   same with one flush: the file not fsynced, its bytes appended to a log and ``fdatasync``ed
-  after the link (a design the store does not have: what one flush would buy).
+  after the link (a design the store does not have: what one flush would buy); and with no
+  file at all, only that log between the round trips (the floor of a backend that keeps its
+  objects in a log of its own, as SQLite keeps its pages).
 - ``SQLiteSession.add_items`` of one item (openai-agents; skipped when not installed). The
   SDK puts the database in WAL mode and leaves ``synchronous`` at SQLite's default (FULL),
   read back from its connection and recorded: the WAL is synced at every commit, so an
@@ -87,7 +89,8 @@ def expected_figures() -> list[str]:
                   "local.sqlite.add_items.p50_ms", "local.sqlite.add_items.p99_ms",
                   "local.embedded_vs_sqlite.ratio_p50", "local.embedded_sync_vs_sqlite.ratio_p50",
                   "local.adapter_vs_sqlite.ratio_p50", "local.protocol_floor_vs_sqlite.ratio_p50",
-                  "local.protocol_floor_one_flush.p50_ms", "local.protocol_floor_one_flush_vs_sqlite.ratio_p50"]
+                  "local.protocol_floor_one_flush.p50_ms", "local.protocol_floor_one_flush_vs_sqlite.ratio_p50",
+                  "local.protocol_floor_log.p50_ms", "local.protocol_floor_log_vs_sqlite.ratio_p50"]
     return names
 
 
@@ -164,6 +167,7 @@ class _Sides:
             self.log = os.open(root / "floor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self._closers.append(lambda: os.close(self.log))
             self.calls["floor_one_flush"] = self._floor_one_flush
+            self.calls["floor_log"] = self._floor_log
         if sqlite_available():
             self._open_sqlite_and_adapter()
 
@@ -218,41 +222,49 @@ class _Sides:
         return time.perf_counter() - t0
 
     def _floor(self, i: int) -> float:
-        t0 = time.perf_counter()
-        self._run(self.loop.run_in_executor(self.hop, self._floor_append, i, False))
-        return time.perf_counter() - t0
+        return self._floor_side(i, "two")
 
     def _floor_one_flush(self, i: int) -> float:
+        return self._floor_side(i, "one")
+
+    def _floor_log(self, i: int) -> float:
+        return self._floor_side(i, "log")
+
+    def _floor_side(self, i: int, flushes: str) -> float:
         t0 = time.perf_counter()
-        self._run(self.loop.run_in_executor(self.hop, self._floor_append, i, True))
+        self._run(self.loop.run_in_executor(self.hop, self._floor_append, i, flushes))
         return time.perf_counter() - t0
 
-    def _floor_append(self, i: int, one_flush: bool) -> None:
+    def _floor_append(self, i: int, flushes: str) -> None:
         """CHECK's round trip while the bytes are written and fsynced into a file with no
-        name; the link and the directory's fsync; COMMIT's round trip (docs/design.md). With
-        ``one_flush``, the file and the directory are not fsynced: the bytes are appended to
-        a log and ``fdatasync``ed after the link instead."""
+        name; the link and the directory's fsync; COMMIT's round trip (docs/design.md).
+        ``flushes="one"``: the file and the directory are not fsynced, the bytes are appended
+        to a log and ``fdatasync``ed after the link instead; ``"log"``: no file at all, only
+        that log (the floor of a backend that keeps objects in a log of its own)."""
         data, dfd = self.lines[2 * i], self.floor_dir
         made: list[tuple[int, str | None]] = []
 
         def write() -> None:
+            if flushes == "log":
+                return
             fd, tmp = _unnamed_file(dfd, i)
             made.append((fd, tmp))
             os.write(fd, data)
-            if not one_flush:
+            if flushes == "two":
                 os.fsync(fd)
 
         self.scripts.run(self.noop, [], [], meanwhile=write)
-        fd, tmp = made[0]
-        try:
-            _name_file(fd, tmp, dfd, -1 - i if one_flush else i)
-        finally:
-            os.close(fd)
-        if one_flush:
+        if made:
+            fd, tmp = made[0]
+            try:
+                _name_file(fd, tmp, dfd, -1 - i if flushes == "one" else i)
+            finally:
+                os.close(fd)
+        if flushes == "two":
+            os.fsync(dfd)
+        else:
             os.write(self.log, data)
             os.fdatasync(self.log)
-        else:
-            os.fsync(dfd)
         self.scripts.run(self.noop, [], [])
 
     def _embedded(self, i: int) -> float:
@@ -388,6 +400,9 @@ def _appends(ctx: Context, root: Path) -> None:
         one = s["floor_one_flush"]
         R.fig("local.protocol_floor_one_flush.p50_ms", one["p50"], "ms")
         reach_one = R.fig("local.protocol_floor_one_flush_vs_sqlite.ratio_p50", one["p50"] / sq["p50"], "x")
+        log = s["floor_log"]
+        R.fig("local.protocol_floor_log.p50_ms", log["p50"], "ms")
+        reach_log = R.fig("local.protocol_floor_log_vs_sqlite.ratio_p50", log["p50"] / sq["p50"], "x")
         reach = R.fig("local.protocol_floor_vs_sqlite.ratio_p50", fl["p50"] / sq["p50"], "x")
         R.row(scenario, "the protocol's floor (one thread hop, no store code) vs SQLiteSession add_items: "
               f"above {TARGET:g}x, the target is out of this design's reach in this run",
@@ -397,6 +412,10 @@ def _appends(ctx: Context, root: Path) -> None:
               "and fdatasynced after the link: a design the store does not have) vs SQLiteSession add_items",
               f"{fmt_ms(one['p50'])} / {fmt_ms(one['p99'])}", f"{fmt_ms(sq['p50'])} / {fmt_ms(sq['p99'])}",
               f"p50 {fmt_ratio(reach_one, ratio_ci(samples['floor_one_flush'], samples['sqlite'], 50))}")
+        R.row(scenario, "the protocol's floor with no file (the bytes appended to a log and fdatasynced between "
+              "the round trips: the floor of a backend keeping objects in a log of its own) vs SQLiteSession add_items",
+              f"{fmt_ms(log['p50'])} / {fmt_ms(log['p99'])}", f"{fmt_ms(sq['p50'])} / {fmt_ms(sq['p99'])}",
+              f"p50 {fmt_ratio(reach_log, ratio_ci(samples['floor_log'], samples['sqlite'], 50))}")
 
 
 def _resumes(ctx: Context, root: Path) -> None:
