@@ -39,7 +39,9 @@ def test_store_starts_while_the_object_store_is_away_and_writes_once_it_is_back(
     s3_proxy.blackhole()
     quick = RetryPolicy(attempts=2, max_elapsed=1.0, initial_wait=0.01, max_wait=0.02)
     # No exception: the conditional-write check is deferred to the first write.
-    store = SessionStore.from_url(s3_proxy.url, redis_url, redis_prefix=redis_prefix, retry=quick)
+    # A blackholed request ends at the read timeout: 3 s here instead of the default 10 s.
+    store = SessionStore.from_url(s3_proxy.url + "&connect_timeout=3&read_timeout=3", redis_url,
+                                  redis_prefix=redis_prefix, retry=quick)
     try:
         with pytest.raises(BackendUnavailableError):
             store.create_session("late")  # still away: the write (and its probe) fails

@@ -35,6 +35,10 @@ from store.retry import RetryPolicy
 
 GRACE_MS = 60_000
 
+#: A blackholed request ends at the read timeout: 3 s instead of the default 10 s (the
+#: store's retry policy, not the wait, is what these tests look at).
+QUICK_READS = "&connect_timeout=3&read_timeout=3"
+
 
 def entry(eid: str, parent: str | None) -> dict[str, Any]:
     return {"type": "message", "id": eid, "parentId": parent,
@@ -588,7 +592,7 @@ def test_indeterminate_outcomes_are_reported_as_such(
             s3_proxy.blackhole()
 
     store = SessionStore.from_url(
-        s3_proxy.url, redis_url, redis_prefix=redis_prefix, fault_hook=cut,
+        s3_proxy.url + QUICK_READS, redis_url, redis_prefix=redis_prefix, fault_hook=cut,
         retry=RetryPolicy(attempts=2, max_elapsed=2.0, initial_wait=0.01, max_wait=0.02),
     )
     try:
@@ -630,7 +634,7 @@ def test_a_slot_taken_before_our_only_attempt_is_not_indeterminate(
     with pytest.raises(Died):
         make_store(fault_hook=die).append_session_entries("t", [entry("x", "a")])  # seg 2, Redis 1
     store = SessionStore.from_url(
-        s3_proxy.url, redis_url, redis_prefix=redis_prefix, fault_hook=cut,
+        s3_proxy.url + QUICK_READS, redis_url, redis_prefix=redis_prefix, fault_hook=cut,
         retry=RetryPolicy(attempts=2, max_elapsed=2.0, initial_wait=0.01, max_wait=0.02),
     )
     try:
