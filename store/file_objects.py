@@ -104,6 +104,11 @@ class FileObjectStore(ObjectStore):
         self._dirs_max = max(0, dir_cache)  # 0: no cache, every use walks
         self._dirs_finalizer = weakref.finalize(self, _close_fds, self._dirs, self._dirs_lock)
 
+    @property
+    def fsync(self) -> bool:
+        """Whether creates are fsynced (the power-loss guarantee), as constructed."""
+        return self._fsync
+
     # --- keys and directories ------------------------------------------------------------
 
     def _open_dir(self, parts: list[str], *, create: bool) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 from coordination.redis import parse_version
 from store.cli.common import Config
 from store.errors import ConditionalWritesUnsupportedError, SessionStoreError
+from store.filesystems import verdict
 from store.layout import LAYOUT_FLAT, LAYOUT_SPREAD, Layout
 from store.layout_record import propose, read_record
 from store.retry import DEFAULT_RETRY
@@ -145,6 +146,15 @@ def _object_checks(checks: list[Check], objects: ObjectStore, layout: Layout) ->
         _run(checks, "objects: clock skew", skew)
     elif isinstance(objects, FileObjectStore):
         checks.append(Check("objects: clock skew", "ok", "local directory: same clock"))
+        local = objects
+
+        def durability() -> tuple[str, str]:
+            # The power-loss promise leans on a journaling filesystem (store/filesystems.py);
+            # one this cannot tell about is reported as not checked, not as a fault.
+            found = verdict(local.root, fsync=local.fsync)
+            return ("warn" if found.status == "warn" else "ok"), found.detail
+
+        _run(checks, "objects: durability", durability)
 
 
 def _skew_verdict(skew: float, what: str, *, slack: float = 0.0) -> tuple[str, str]:
