@@ -54,7 +54,7 @@ def _unescape(field: str) -> str:
         return field
     out, i = [], 0
     while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
+        if field[i] == "\\" and i + 4 <= len(field) and all(c in "01234567" for c in field[i + 1 : i + 4]):
             out.append(chr(int(field[i + 1 : i + 4], 8)))
             i += 4
         else:

@@ -34,6 +34,8 @@ def test_mountinfo_is_parsed_with_its_escapes() -> None:
     assert len(mounts) == 9  # the malformed line is skipped
     assert mounts[0].mount_point == "/" and mounts[0].fs_type == "ext4" and mounts[0].device == "8:1"
     assert mounts[5].mount_point == "/mnt/my disk" and mounts[5].fs_type == "btrfs"
+    odd = parse_mountinfo("1 0 8:1 / /a\\089\\134b\\011 rw - ext4 /dev/x rw\n")
+    assert odd[0].mount_point == "/a\\089\\b\t"  # not an octal escape: kept as it is
 
 
 @pytest.mark.parametrize(
