@@ -76,10 +76,18 @@ class PurgeResult:
         return sum(1 for k, _ in self.deleted if k == kind)
 
 
-def purge_now(compactor: "Compactor", session_id: str, *, through_seq: int | None = None) -> PurgeResult:
+def purge_now(
+    compactor: "Compactor", session_id: str, *, through_seq: int | None = None, alone: bool = False
+) -> PurgeResult:
     """Compact the session until its latest manifest covers ``through_seq`` (default: the
     tail when called), then delete every object of it that manifest does not reach, without
-    waiting for the grace period. See the module docstring for what that keeps."""
+    waiting for the grace period. See the module docstring for what that keeps.
+
+    ``alone``: the caller knows that every other process that used this store has exited
+    (not paused: exited, as the demo's fleet has at its end), so no rebuild of Redis's state
+    read before the latest manifest can be installed later and the wait for the rebuild age
+    limit is skipped. The fence is set all the same. Never for a store other processes may
+    still be using: one of them may be paused in the middle of such a rebuild."""
     sid = check_session_id(session_id)
     store = compactor.store
     header = store.get_header(sid)
@@ -120,7 +128,8 @@ def purge_now(compactor: "Compactor", session_id: str, *, through_seq: int | Non
         elif parsed.kind == "base" and key not in live_bases and parsed.number <= latest.generation:
             due.append(("base", key))
     if any(kind == "segment" for kind, _ in due):
-        _wait_out_rebuilds(compactor, latest)
+        if not alone:
+            _wait_out_rebuilds(compactor, latest)
         _fence(compactor, sid, inc, latest.through_seq)
     for kind in _KINDS:
         keys = [k for d, k in due if d == kind]

@@ -9,6 +9,7 @@ in a compacted base and in an uncompacted segment.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import pytest
@@ -16,6 +17,7 @@ from harness.pausing import FakeClock
 
 from compactor import Compactor, CompactorOptions
 from compactor.erasure import erase_matching, erase_sessions, scan_for
+from compactor.purge import purge_now
 from store import SessionStore
 from store.errors import InvalidInputError, SessionNotFoundError
 
@@ -299,3 +301,27 @@ def test_redacting_several_entries_is_one_batch_or_nothing(erasing: tuple[Sessio
     assert [e["targetId"] for e in redactions] == ["r1", "r3"]
     assert redactions[0]["parentId"] == "r3" and redactions[1]["parentId"] == redactions[0]["id"]
     assert "content" not in str({e["id"]: e for e in entries}["r1"].get("message", {}))
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_purge_waits_out_rebuilds_unless_it_is_alone_and_fences_either_way(
+    make_store: Callable[..., SessionStore], caplog: pytest.LogCaptureFixture, alone: bool
+) -> None:
+    """``alone`` (every other process of the store has exited: the demo's end) skips only the
+    wait for the rebuild age limit; the compaction, the fence and the deletes are the same."""
+    # A short age limit when the purge waits (the test does not sleep a minute); the default,
+    # a minute, when it must not wait at all.
+    store = make_store(compact_after_segments=0, **({} if alone else {"rebuild_max_age_ms": 200}))
+    compactor = Compactor(store, CompactorOptions(grace_ms=60_000, clock_skew_ms=50, worker="t"))
+    store.create_session("p")
+    store.append_session_entries("p", [msg("p0", None, f"secret {CANARY}")])
+    store.append_session_entries("p", [msg("p1", "p0", "plain")])
+    store.append_session_entries("p", [msg("p2", "p1", "plain")])
+    inc = store.get_header("p").incarnation
+    caplog.set_level(logging.INFO, logger="sessionstore.compactor.purge")
+    res = purge_now(compactor, "p", alone=alone)
+    waited = any("waiting for rebuilds" in r.getMessage() for r in caplog.records)
+    assert waited is not alone
+    assert res.through_seq == 3 and res.count("segment") == 3
+    assert store.coord.retired_through("p", inc) == 3  # the fence, set before the deletes
+    assert [e["id"] for e in store.load_session_entries("p")] == ["p0", "p1", "p2"]

@@ -40,17 +40,18 @@ if TYPE_CHECKING:
     from store.demo.check import Verification
 
 
-def _purge(store: SessionStore, sid: str, secret: str) -> bool:
+def _purge(store: SessionStore, sid: str, secret: str, *, alone: bool) -> bool:
     """Delete the redacted text from storage now, as an operator answering an erasure
     request does (``sessionstore redact --purge-now``): compact, then delete every object the
     new manifest does not reach (``compactor.purge``). ``check_redaction`` then looks for the
-    secret in every object. False if the purge could not run.
+    secret in every object. False if the purge could not run. ``alone``: every process of the
+    fleet has exited, so the purge need not wait out the rebuild age limit (a minute).
     """
     from compactor import Compactor, CompactorOptions
     from compactor.purge import purge_now
 
     try:
-        purge_now(Compactor(store, CompactorOptions(worker="demo-final")), sid)
+        purge_now(Compactor(store, CompactorOptions(worker="demo-final")), sid, alone=alone)
     except SessionStoreError as exc:
         err(f"sessionstore demo: purge failed ({exc})")
         return False
@@ -81,14 +82,16 @@ def run_demo(args: argparse.Namespace, ctx: Ctx) -> dict[str, Any]:
         # Workers take a few seconds to start (a fresh interpreter each): start them first.
         fleet = Fleet(loc, size, args, log_dir)
         fleet.start()
-        write_s = _play(store, fleet, plans, stats, status, size, secret, log_dir)
+        write_s, alone = _play(store, fleet, plans, stats, status, size, secret, log_dir)
         sessions = list(plans)
         # Purge the leaked token from storage now, not after the compactor's grace period:
-        # every worker has stopped, so no reader can be holding a retired object.
+        # every worker has stopped, so no reader can be holding a retired object, and none
+        # can install a stale rebuild of Redis's state either (the purge's wait is skipped
+        # when every one of them has exited).
         purged = False
         if stats.redaction is not None:
             err("purging the redacted text from storage ...")
-            purged = _purge(store, stats.redaction["session"], secret)
+            purged = _purge(store, stats.redaction["session"], secret, alone=alone)
         stats.compactions = count_compactions(store, sessions)
         err("verifying everything that was written ...")
         verification = _verify(store, log_dir, stats, sessions, secret, purged=purged)
@@ -102,9 +105,10 @@ def run_demo(args: argparse.Namespace, ctx: Ctx) -> dict[str, Any]:
 
 
 def _play(store: SessionStore, fleet: Fleet, plans: dict[str, Plan], stats: Stats, status: StatusLine,
-          size: DemoSize, secret: str, log_dir: Path) -> float:
+          size: DemoSize, secret: str, log_dir: Path) -> tuple[float, bool]:
     """Create the shared sessions (each named, as pi does) and their plans, then let the fleet
-    play every step. Returns the seconds the writing took."""
+    play every step. Returns the seconds the writing took, and whether every process of the
+    fleet has exited since."""
     from store.core import uuid7
     from store.demo.agent import RecordingStore
 
@@ -121,8 +125,8 @@ def _play(store: SessionStore, fleet: Fleet, plans: dict[str, Plan], stats: Stat
             stats.turns_total += sum(1 for s in steps if s["kind"] == "turn")
         fleet.wait_ready()
         write_s = schedule(store, fleet, plans, stats, status, size)
-        fleet.stop()
-    return write_s
+        alone = fleet.stop()
+    return write_s, alone
 
 
 def _verify(store: SessionStore, log_dir: Path, stats: Stats, sessions: list[str], secret: str, *,

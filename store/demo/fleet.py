@@ -38,6 +38,8 @@ class Fleet:
         self.procs: list[Any] = []
         self.outstanding: list[int] = []
         self.compactor: subprocess.Popen[bytes] | None = None
+        #: A process of the fleet survived ``stop`` (then the store is not the caller's alone).
+        self.lingering = False
         self.compactor_log: Any = None
 
     def store_options(self) -> dict[str, Any]:
@@ -113,8 +115,10 @@ class Fleet:
     def dead_workers(self) -> list[int]:
         return [w for w, p in enumerate(self.procs) if not p.is_alive()]
 
-    def stop(self) -> None:
-        """Ask every worker to finish, wait, then stop the compactor. Idempotent."""
+    def stop(self) -> bool:
+        """Ask every worker to finish, wait, then stop the compactor. Idempotent. True when
+        every process the fleet started has exited (a worker that would not finish is killed;
+        False only if one is still there after that)."""
         for inbox in self.inboxes:
             try:
                 inbox.put(None)
@@ -125,9 +129,12 @@ class Fleet:
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5)
+            if proc.is_alive():
+                self.lingering = True
         self.inboxes.clear()
         self.procs.clear()
         self.stop_compactor()
+        return not self.lingering
 
     def compactor_failure(self) -> str | None:
         """Why the compactor worker is not running any more, if it stopped on its own."""
@@ -151,6 +158,8 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 self.compactor.kill()
                 self.compactor.wait(timeout=5)
+        if self.compactor.poll() is None:
+            self.lingering = True
         self.compactor = None
         if self.compactor_log is not None:
             self.compactor_log.close()
