@@ -9,10 +9,11 @@ What survives what (docs/design.md, "The file backend"):
 - a crash of the process at any point: either no object or the whole object (a name only
   ever appears on a complete file);
 - a power loss (or kernel crash), on a journaling filesystem (ext4 with its journal, XFS):
-  every acknowledged object, whole; an unacknowledged one is absent or whole. Both fsyncs are needed for that: the file's before the link (or a name
-  could survive on a file whose bytes did not), the directory's after it (or the name could
-  be lost after the store said it was written, and Redis, which is told after, would be
-  ahead of the objects). ``fsync=False`` keeps the first guarantee only.
+  every acknowledged object, whole; an unacknowledged one is absent or whole. Both fsyncs
+  are needed for that: the file's before the link (or a name could survive on a file whose
+  bytes did not), the directory's after it (or the name could be lost after the store said
+  it was written, and Redis, which is told after, would be ahead of the objects).
+  ``fsync=False`` keeps the first guarantee only.
 """
 
 from __future__ import annotations

@@ -21,9 +21,11 @@ Read-only and best effort: what cannot be read (no ``/proc``, another operating 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+_ESCAPE = re.compile(r"\\([0-7]{3})")
 #: Filesystems whose metadata is journaled or copy-on-write: the file backend's argument holds.
 ORDERED = frozenset({"ext3", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs", "bcachefs"})
 #: Kept in memory only.
@@ -50,17 +52,7 @@ class Verdict:
 
 def _unescape(field: str) -> str:
     """mountinfo writes space, tab, newline and backslash in paths as octal escapes."""
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and all(c in "01234567" for c in field[i + 1 : i + 4]):
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    return _ESCAPE.sub(lambda m: chr(int(m[1], 8)), field)
 
 
 def parse_mountinfo(text: str) -> list[Mount]:

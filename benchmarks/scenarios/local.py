@@ -42,6 +42,7 @@ parse of the file (+ ``build_context``), as a reference for the resume rows.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import importlib.util
 import logging
@@ -163,11 +164,10 @@ class _Sides:
             self._closers.append(lambda: os.close(self.floor_dir))
             self.hop = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-floor")
             self._closers.append(self.hop.shutdown)
-            self.calls["floor"] = self._floor
             self.log = os.open(root / "floor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self._closers.append(lambda: os.close(self.log))
-            self.calls["floor_one_flush"] = self._floor_one_flush
-            self.calls["floor_log"] = self._floor_log
+            for side, flushes in (("floor", "two"), ("floor_one_flush", "one"), ("floor_log", "log")):
+                self.calls[side] = functools.partial(self._floor, flushes=flushes)
         if sqlite_available():
             self._open_sqlite_and_adapter()
 
@@ -221,16 +221,7 @@ class _Sides:
         os.fsync(dfd)
         return time.perf_counter() - t0
 
-    def _floor(self, i: int) -> float:
-        return self._floor_side(i, "two")
-
-    def _floor_one_flush(self, i: int) -> float:
-        return self._floor_side(i, "one")
-
-    def _floor_log(self, i: int) -> float:
-        return self._floor_side(i, "log")
-
-    def _floor_side(self, i: int, flushes: str) -> float:
+    def _floor(self, i: int, flushes: str) -> float:
         t0 = time.perf_counter()
         self._run(self.loop.run_in_executor(self.hop, self._floor_append, i, flushes))
         return time.perf_counter() - t0
@@ -245,15 +236,13 @@ class _Sides:
         made: list[tuple[int, str | None]] = []
 
         def write() -> None:
-            if flushes == "log":
-                return
             fd, tmp = _unnamed_file(dfd, i)
             made.append((fd, tmp))
             os.write(fd, data)
             if flushes == "two":
                 os.fsync(fd)
 
-        self.scripts.run(self.noop, [], [], meanwhile=write)
+        self.scripts.run(self.noop, [], [], meanwhile=None if flushes == "log" else write)
         if made:
             fd, tmp = made[0]
             try:
