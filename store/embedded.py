@@ -47,7 +47,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from store.errors import BackendUnavailableError, InvalidInputError
-from store.objects import FileObjectStore, ObjectStore
+from store.objects import LOCAL_STORES, ObjectStore
 
 log = logging.getLogger("sessionstore.embedded")
 
@@ -300,12 +300,12 @@ class EmbeddedRedis:
 
 
 def embedded_redis_url(objects: ObjectStore) -> str:
-    """Start (or find) the redis-server beside a ``FileObjectStore`` and return its URL.
+    """Start (or find) the redis-server beside a local store and return its URL.
 
     When this call started it, closing ``objects`` (``SessionStore.close()`` closes its
     object store) logs that the server keeps running, with its pid and how to stop it.
     """
-    if not isinstance(objects, FileObjectStore):
+    if not isinstance(objects, LOCAL_STORES):
         raise InvalidInputError(
             "the embedded Redis runs beside a file:// object store; give a redis_url for "
             "other backends"

@@ -113,40 +113,8 @@ class FileObjectStore(ObjectStore):
     # --- keys and directories ------------------------------------------------------------
 
     def _open_dir(self, parts: list[str], *, create: bool) -> int:
-        """An fd of the directory ``root/parts...``, walked one component at a time, no
-        symlink followed. ``create``: make missing directories (their parents fsynced)."""
-        try:
-            fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            if not create:
-                raise
-            self.root.mkdir(parents=True, exist_ok=True)  # the whole tree was removed
-            fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            for part in parts:
-                try:
-                    sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except NotADirectoryError:
-                    if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
-                        raise OSError(errno.ELOOP, "a symlink in the store's tree", part) from None
-                    raise  # an object where the key needs a directory
-                except FileNotFoundError:
-                    if not create:
-                        raise
-                    try:
-                        os.mkdir(part, 0o755, dir_fd=fd)
-                    except FileExistsError:
-                        pass  # another process made it: we sync its entry all the same
-                    if self._fsync:
-                        # The new entry is durable before anything inside it is acknowledged.
-                        os.fsync(fd)
-                    sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = sub
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        """An fd of the directory ``root/parts...`` (``open_dir``)."""
+        return open_dir(self.root, parts, create=create, fsync=self._fsync)
 
     def _take_dir(self, dirs: tuple[str, ...]) -> int | None:
         """The cached fd of ``dirs``, taken out of the cache (the caller owns it until it
@@ -524,6 +492,43 @@ class FileObjectStore(ObjectStore):
             self._forget_dir(dirs)  # a removed directory's fd: of no use any more
             parent = parent.parent
             dirs = dirs[:-1]
+
+
+def open_dir(root: Path, parts: Sequence[str], *, create: bool, fsync: bool) -> int:
+    """An fd of the directory ``root/parts...``, walked one component at a time, no symlink
+    followed. ``create``: make missing directories (their parents fsynced when ``fsync``)."""
+    try:
+        fd = os.open(str(root), os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        if not create:
+            raise
+        root.mkdir(parents=True, exist_ok=True)  # the whole tree was removed
+        fd = os.open(str(root), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            try:
+                sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except NotADirectoryError:
+                if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise OSError(errno.ELOOP, "a symlink in the store's tree", part) from None
+                raise  # an object where the key needs a directory
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass  # another process made it: we sync its entry all the same
+                if fsync:
+                    # The new entry is durable before anything inside it is acknowledged.
+                    os.fsync(fd)
+                sub = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _link_shared(src: str, name: str, dfd: int) -> None:

@@ -22,7 +22,7 @@ from store.layout import LAYOUT_FLAT, LAYOUT_SPREAD, Layout
 from store.layout_record import propose, read_record
 from store.retry import DEFAULT_RETRY
 from store.objects import (
-    FileObjectStore,
+    LOCAL_STORES,
     ObjectStore,
     S3ObjectStore,
     object_store_from_url,
@@ -144,7 +144,7 @@ def _object_checks(checks: list[Check], objects: ObjectStore, layout: Layout) ->
             return _skew_verdict(server - (before + after) / 2, "S3 server", slack=1.0)
 
         _run(checks, "objects: clock skew", skew)
-    elif isinstance(objects, FileObjectStore):
+    elif isinstance(objects, LOCAL_STORES):
         checks.append(Check("objects: clock skew", "ok", "local directory: same clock"))
         local = objects
 

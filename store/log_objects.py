@@ -1,0 +1,931 @@
+"""``LogObjectStore``: the object store in a local directory, each directory's objects kept
+in a log of its own (the embedded default for new stores).
+
+A create is one ``write(2)`` of a record to the end of the log of the key's directory and
+one ``fdatasync``: no file is made per object, which is what a create costs on most disks
+(docs/performance.md, "The protocol's floor"). The argument, point by point, is in
+docs/design.md, "The log backend"; in short:
+
+- *Records.* A log starts with a header (a random file id) and holds records: ``PUT`` (key,
+  nonce, metadata, bytes), ``TIME`` (when the writer saw its ``PUT`` written), ``DEL`` (a
+  tombstone, of any object under the key or of one nonce) and ``SEAL`` (the log is closed).
+  Each record carries a MAC keyed with the store's secret (``.logkey``) and salted with the
+  file id, so neither a session's content nor a stale block of another log can pass for one.
+- *Creates, lock-free.* Writers append with ``O_APPEND`` (the kernel orders the writes of a
+  file, and one does not start before the one before it has ended), then read the log up to
+  their own record: the first ``PUT`` of a key with no ``DEL`` of it in between holds the key,
+  for every reader alike. A create is acknowledged after its ``fdatasync``, which makes
+  everything before it in the file durable too. No lock is held, so a writer paused anywhere
+  stops nobody.
+- *Cut-short records* (a writer killed inside its ``write``, a full disk) fail their MAC;
+  readers skip them and resynchronise on the next record whose MAC holds. A torn end after a
+  power loss lies after the last acknowledged record, and is skipped the same way.
+- *Sealing.* A ``SEAL`` record closes a log: records after the first one are void, and their
+  writers retry in the successor, ``.log.<g+1>``, which holds the live objects of the log as
+  of the seal. Anyone who meets a sealed log that is still the newest makes the successor
+  (created whole, then linked: the first link wins), so a sealer that pauses blocks nobody.
+  Logs are rewritten this way when their dead bytes outweigh the live ones, and removed
+  (directory and all) when nothing in them is live.
+- *Names.* Logs are linked into place holding a shared ``flock`` of their directory, and
+  unlinked holding an exclusive one, after checking under it that the name is still the file
+  they mean: a remover that paused can never unlink a log made after it looked.
+- *Time.* An object's time is read by its writer after its ``PUT`` was written (``TIME``), or,
+  where that record is missing, when a reader first met the object: never earlier than the
+  object appeared, which is what GC needs.
+
+Each process keeps, per log it used recently, an index of the live objects (where their
+bytes are in the file), caught up by reading what was appended since: a read is one ``pread``
+once caught up. Objects are immutable, so bytes read from a log that was sealed and unlinked
+since are still the object's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import stat
+import struct
+import threading
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import orjson
+
+from store.errors import (
+    BackendUnavailableError,
+    InvalidInputError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
+from store.file_objects import _O_TMPFILE, _os_error, _removed, _write_all, open_dir
+from store.object_store import ObjectInfo, ObjectStore, StoredObject, check_key
+
+FaultHook = Callable[[str, dict[str, Any]], None]
+
+#: A log file: magic, then a random file id (the MAC's salt).
+_LOG_MAGIC = b"SSLOG1\n\x00"
+_FILE_ID = 16
+_HEADER = len(_LOG_MAGIC) + _FILE_ID
+_LOG_PREFIX = ".log."
+#: A record: magic, body length, MAC of (length, body); then the body.
+_REC_MAGIC = b"\xd3SR1"
+_REC = struct.Struct(">4sI16s")
+_MAC = 16
+_PUT, _TIME, _DEL, _SEAL = b"P", b"T", b"D", b"S"
+#: PUT body after its kind: nonce, writer's time (0: none), key length, metadata length.
+_PUT_HEAD = struct.Struct(">16sQHI")
+#: TIME body: nonce of the PUT, time in ns, key length; DEL body: its own id, the nonce it
+#: deletes (zeros: whatever the key holds), key length; SEAL body: its id.
+_TIME_HEAD = struct.Struct(">16sQH")
+_DEL_HEAD = struct.Struct(">16s16sH")
+_ANY = bytes(16)
+#: A record's body may not be larger than this (an object of 1 GiB at most).
+_MAX_BODY = 1 << 30
+#: Times a write is retried in the successor of a log sealed under it.
+_ROUNDS = 16
+#: Logs (open fds and indexes) kept per store, least recently used dropped first.
+_LOG_CACHE = 64
+#: A log is rewritten once its dead bytes pass its live ones and this size.
+_REWRITE_MIN = 256 * 1024
+_FORMAT_FILE = ".format"
+_KEY_FILE = ".logkey"
+
+
+class _Obj:
+    """A live object in a log: where its bytes are, its nonce, raw metadata, time (ns)."""
+
+    __slots__ = ("offset", "size", "nonce", "meta", "time_ns", "record")
+
+    def __init__(self, offset: int, size: int, nonce: bytes, meta: bytes, time_ns: int, record: int) -> None:
+        self.offset = offset
+        self.size = size
+        self.nonce = nonce
+        self.meta = meta
+        self.time_ns = time_ns
+        self.record = record  # the PUT record's length, for the dead-bytes count
+
+
+class _Log:
+    """One log file open in this process, and its index as of ``pos``."""
+
+    __slots__ = ("dirs", "gen", "fd", "file_id", "ino", "pos", "live", "sealed", "lock",
+                 "dead", "live_size", "pending", "durable", "__weakref__")
+
+    def __init__(self, dirs: tuple[str, ...], gen: int, fd: int, file_id: bytes, ino: tuple[int, int]) -> None:
+        self.dirs = dirs
+        self.gen = gen
+        self.fd = fd
+        self.file_id = file_id
+        self.ino = ino
+        self.pos = _HEADER
+        self.live: dict[str, _Obj] = {}
+        #: Offset of the first SEAL (nothing after it counts), or None.
+        self.sealed: int | None = None
+        self.lock = threading.Lock()
+        #: Bytes of records that hold nothing live (lost creates, tombstones, times, deleted).
+        self.dead = 0
+        #: Bytes of the PUT records of the live objects.
+        self.live_size = 0
+        #: Ids of this process's records not yet met by a catch-up -> their outcome.
+        self.pending: dict[bytes, str | None] = {}
+        #: Whether this process made sure the log's name is durable (its directory fsynced).
+        self.durable = False
+        weakref.finalize(self, _close_quietly, fd)
+
+
+class LogObjectStore(ObjectStore):
+    """Objects below ``root``, one log per directory of keys; several processes may share it.
+
+    Keys are checked and walked as ``FileObjectStore`` walks them (``O_NOFOLLOW``, one
+    component at a time); the key's last component is a name inside its directory's log.
+    ``fsync=False`` keeps the crash guarantee (no partial object) and drops the power-loss one.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fsync: bool = True,
+        fault_hook: FaultHook | None = None,
+        log_cache: int = _LOG_CACHE,
+        rewrite_min: int = _REWRITE_MIN,
+    ) -> None:
+        super().__init__()
+        self.root = Path(root).absolute()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._fsync = fsync
+        self._fault = fault_hook
+        self._logs: OrderedDict[tuple[str, ...], _Log] = OrderedDict()
+        self._logs_lock = threading.Lock()
+        self._logs_max = max(1, log_cache)
+        self._rewrite_min = rewrite_min
+        self._unnamed = bool(_O_TMPFILE) and os.path.isdir("/proc/self/fd")
+        self._secret = self._load_secret()
+
+    @property
+    def fsync(self) -> bool:
+        return self._fsync
+
+    @property
+    def identity(self) -> str:
+        return f"log {self.root}"
+
+    def _hook(self, point: str, **ctx: Any) -> None:
+        if self._fault is not None:
+            self._fault(point, ctx)
+
+    # --- the secret ------------------------------------------------------------------------
+
+    def _load_secret(self) -> bytes:
+        """The store's MAC key: ``.logkey``, made once (whole, then linked: first wins)."""
+        path = self.root / _KEY_FILE
+        for _ in range(3):
+            try:
+                secret = path.read_bytes()
+                if len(secret) == 32:
+                    return secret
+                raise BackendUnavailableError(f"{path}: {len(secret)} bytes, not a store's key")
+            except FileNotFoundError:
+                pass
+            dfd = os.open(str(self.root), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                self._link_new(dfd, _KEY_FILE, os.urandom(32))
+            finally:
+                os.close(dfd)
+        raise BackendUnavailableError(f"{path}: could not be made")
+
+    # --- records ---------------------------------------------------------------------------
+
+    def _record(self, file_id: bytes, body: bytes) -> bytes:
+        mac = hashlib.blake2b(struct.pack(">I", len(body)), key=self._secret, salt=file_id,
+                              digest_size=_MAC)
+        mac.update(body)
+        return _REC.pack(_REC_MAGIC, len(body), mac.digest()) + body
+
+    def _valid(self, file_id: bytes, buf: bytes | memoryview, at: int, length: int, mac: bytes) -> bool:
+        h = hashlib.blake2b(struct.pack(">I", length), key=self._secret, salt=file_id, digest_size=_MAC)
+        h.update(buf[at + _REC.size : at + _REC.size + length])
+        return h.digest() == mac
+
+    @staticmethod
+    def _put_body(key: str, nonce: bytes, meta: bytes, data: bytes, time_ns: int = 0) -> bytes:
+        k = key.encode()
+        return b"".join((_PUT, _PUT_HEAD.pack(nonce, time_ns, len(k), len(meta)), k, meta, data))
+
+    # --- catching up -----------------------------------------------------------------------
+
+    def _catch_up(self, log: _Log) -> None:
+        """Read what was appended to ``log`` since ``log.pos`` into its index (``log.lock``
+        held). Stops at the first SEAL, and before a record not complete yet."""
+        if log.sealed is not None:
+            return
+        end = os.fstat(log.fd).st_size
+        if end <= log.pos:
+            return
+        buf = _pread_all(log.fd, end - log.pos, log.pos)
+        base, n, i = log.pos, len(buf), 0
+        met_ns = time.time_ns()  # after the bytes were read: never early for what they hold
+        while n - i >= _REC.size:
+            magic, length, mac = _REC.unpack_from(buf, i)
+            if magic == _REC_MAGIC and length <= _MAX_BODY and i + _REC.size + length <= n \
+                    and self._valid(log.file_id, buf, i, length, mac):
+                if self._apply(log, buf, i, length, base, met_ns):
+                    log.pos = base + i
+                    return  # sealed: nothing after it counts
+                i += _REC.size + length
+                continue
+            # Not a whole record here: one still being written (wait for it), or one cut short
+            # (a writer killed inside its write, a full disk, a torn end): skip to the next
+            # record whose MAC holds. If there is none yet, the bytes are "not there yet".
+            nxt = self._resync(log.file_id, buf, i + 1)
+            if nxt is None:
+                break
+            log.dead += nxt - i
+            i = nxt
+        log.pos = base + i
+
+    def _resync(self, file_id: bytes, buf: bytes, start: int) -> int | None:
+        n = len(buf)
+        j = buf.find(_REC_MAGIC, start)
+        while j >= 0 and n - j >= _REC.size:
+            _, length, mac = _REC.unpack_from(buf, j)
+            if length <= _MAX_BODY and j + _REC.size + length <= n and self._valid(file_id, buf, j, length, mac):
+                return j
+            j = buf.find(_REC_MAGIC, j + 1)
+        return None
+
+    def _apply(self, log: _Log, buf: bytes, i: int, length: int, base: int, met_ns: int) -> bool:
+        """Apply the record at ``buf[i]`` to ``log``'s index; True for a SEAL."""
+        body = i + _REC.size
+        kind = buf[body : body + 1]
+        size = _REC.size + length
+        if kind == _PUT:
+            nonce, t, klen, mlen = _PUT_HEAD.unpack_from(buf, body + 1)
+            at = body + 1 + _PUT_HEAD.size
+            key = buf[at : at + klen].decode()
+            if key in log.live:
+                log.dead += size
+                outcome = "lost"
+            else:
+                meta = buf[at + klen : at + klen + mlen]
+                data_at = at + klen + mlen
+                log.live[key] = _Obj(base + data_at, body + length - data_at, nonce, meta, t or met_ns, size)
+                log.live_size += size
+                outcome = "won"
+            if nonce in log.pending:
+                log.pending[nonce] = outcome
+        elif kind == _TIME:
+            nonce, t, klen = _TIME_HEAD.unpack_from(buf, body + 1)
+            at = body + 1 + _TIME_HEAD.size
+            obj = log.live.get(buf[at : at + klen].decode())
+            if obj is not None and obj.nonce == nonce and t < obj.time_ns:
+                obj.time_ns = t
+            log.dead += size
+        elif kind == _DEL:
+            rid, target, klen = _DEL_HEAD.unpack_from(buf, body + 1)
+            at = body + 1 + _DEL_HEAD.size
+            key = buf[at : at + klen].decode()
+            obj = log.live.get(key)
+            if obj is not None and (target == _ANY or target == obj.nonce):
+                del log.live[key]
+                log.live_size -= obj.record
+                log.dead += obj.record
+                outcome = "hit"
+            else:
+                outcome = "miss"
+            log.dead += size
+            if rid in log.pending:
+                log.pending[rid] = outcome
+        elif kind == _SEAL:
+            log.sealed = base + i
+            return True
+        else:
+            log.dead += size  # a kind of a later version: not ours to interpret
+        return False
+
+    # --- finding a directory's log ---------------------------------------------------------
+
+    def _cached(self, dirs: tuple[str, ...]) -> _Log | None:
+        with self._logs_lock:
+            log = self._logs.get(dirs)
+            if log is not None:
+                self._logs.move_to_end(dirs)
+            return log
+
+    def _forget(self, log: _Log) -> None:
+        with self._logs_lock:
+            if self._logs.get(log.dirs) is log:
+                del self._logs[log.dirs]
+
+    def _remember(self, log: _Log) -> _Log:
+        with self._logs_lock:
+            held = self._logs.get(log.dirs)
+            if held is not None and held.ino == log.ino:
+                self._logs.move_to_end(log.dirs)
+                return held  # another thread opened the same file first: one index
+            self._logs[log.dirs] = log
+            while len(self._logs) > self._logs_max:
+                self._logs.popitem(last=False)  # its fd closes with its last user
+            return log
+
+    def _open_dir(self, dirs: Sequence[str], *, create: bool) -> int | None:
+        try:
+            return open_dir(self.root, dirs, create=create, fsync=self._fsync)
+        except (FileNotFoundError, NotADirectoryError):
+            if create:
+                raise
+            return None
+
+    def _resolve(self, dirs: tuple[str, ...], *, create: bool) -> _Log | None:
+        """The newest log of ``dirs`` (made if there is none and ``create``), or None."""
+        log = self._cached(dirs)
+        if log is not None and log.sealed is None:
+            # Unsealed as far as this process read: the newest, since a log is only ever
+            # superseded after it is sealed. A seal not read yet is met by the catch-up.
+            if create and not log.durable:
+                self._make_durable(log)
+            return log
+        for _ in range(_ROUNDS):
+            dfd = self._open_dir(dirs, create=create)
+            if dfd is None:
+                return None
+            try:
+                top = _newest(dfd)
+                if top is None:
+                    if not create:
+                        return None
+                    try:
+                        self._make_first(dfd)
+                    except (FileNotFoundError, PermissionError):
+                        # ext4 refuses an O_TMPFILE in a removed directory (EPERM), a link
+                        # into one fails (ENOENT): a remover pruned it after our walk.
+                        if not _removed(dfd):
+                            raise
+                    continue
+                try:
+                    fd = os.open(top[1], os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW, dir_fd=dfd)
+                except FileNotFoundError:
+                    continue  # unlinked since we listed it
+                try:
+                    head = os.pread(fd, _HEADER, 0)
+                    st = os.fstat(fd)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                if len(head) != _HEADER or not head.startswith(_LOG_MAGIC):
+                    os.close(fd)
+                    raise BackendUnavailableError(f"{self.root.joinpath(*dirs, top[1])}: not a log")
+                log = self._remember(_Log(dirs, top[0], fd, head[len(_LOG_MAGIC) :], (st.st_dev, st.st_ino)))
+                if create and not log.durable:
+                    self._make_durable(log, dfd)
+                return log
+            finally:
+                os.close(dfd)
+        raise BackendUnavailableError(f"the log of {'/'.join(dirs)!r} kept changing")
+
+    def _make_durable(self, log: _Log, dfd: int | None = None) -> None:
+        """Before this process acknowledges anything in ``log``, the log's name is durable:
+        it may have been linked by another process a moment ago that has not fsynced the
+        directory yet."""
+        if self._fsync:
+            own = dfd is None
+            if own:
+                dfd = self._open_dir(log.dirs, create=True)
+            assert dfd is not None
+            try:
+                os.fsync(dfd)
+            finally:
+                if own:
+                    os.close(dfd)
+        log.durable = True
+
+    def _make_first(self, dfd: int) -> None:
+        """Link ``.log.0`` into a directory that has no log (under the shared lock, and only
+        if it still has none: a remover holds the exclusive one while it unlinks)."""
+        fcntl.flock(dfd, fcntl.LOCK_SH)
+        try:
+            if _newest(dfd) is None:
+                self._link_log(dfd, 0, [])
+        finally:
+            fcntl.flock(dfd, fcntl.LOCK_UN)
+
+    def _link_log(self, dfd: int, gen: int, carried: Iterable[bytes]) -> None:
+        """Make log ``gen`` whole (header, then the carried PUT bodies), fsynced, and link it;
+        a name taken already is fine (another process made it, from the same state)."""
+        file_id = os.urandom(_FILE_ID)
+        parts = [_LOG_MAGIC, file_id]
+        parts.extend(self._record(file_id, body) for body in carried)
+        self._hook("log.link.before", gen=gen)
+        self._link_new(dfd, f"{_LOG_PREFIX}{gen:08d}", b"".join(parts))
+
+    def _link_new(self, dfd: int, name: str, blob: bytes) -> bool:
+        """Create ``name`` in ``dfd`` holding ``blob``, whole or not at all: True if this call
+        made it, False if the name was taken. The directory is fsynced either way."""
+        if self._unnamed:
+            fd = os.open(".", _O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd)
+            tmp = None
+        else:
+            tmp = f".tmp-{uuid.uuid4().hex}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
+        try:
+            _write_all(fd, blob)
+            if self._fsync:
+                os.fsync(fd)
+            try:
+                if tmp is None:
+                    os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
+                else:
+                    os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                made = True
+            except FileExistsError:
+                made = False
+        finally:
+            os.close(fd)
+            if tmp is not None:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except FileNotFoundError:
+                    pass
+        if self._fsync:
+            os.fsync(dfd)
+        return made
+
+    def _successor(self, log: _Log) -> None:
+        """``log`` is sealed: make sure the directory's newest log is another one, making the
+        successor from ``log``'s state at the seal if ``log`` is still the newest."""
+        self._forget(log)
+        dfd = self._open_dir(log.dirs, create=False)
+        if dfd is None:
+            return  # removed: the next write makes the first log again
+        try:
+            fcntl.flock(dfd, fcntl.LOCK_SH)
+            try:
+                top = _newest(dfd)
+                if top is None or top[0] != log.gen or not _same_file(dfd, top[1], log.ino):
+                    return  # superseded already, or removed (and perhaps begun again)
+                with log.lock:
+                    carried = [self._carry(log, key, obj) for key, obj in sorted(log.live.items())]
+                self._link_log(dfd, log.gen + 1, carried)
+            finally:
+                fcntl.flock(dfd, fcntl.LOCK_UN)
+        finally:
+            os.close(dfd)
+
+    def _carry(self, log: _Log, key: str, obj: _Obj) -> bytes:
+        data = _pread_all(log.fd, obj.size, obj.offset)
+        return self._put_body(key, obj.nonce, bytes(obj.meta), data, obj.time_ns)
+
+    def _tidy(self, log: _Log) -> None:
+        """Under the exclusive lock of ``log``'s directory: unlink every log older than the
+        newest, and the newest too if it is ``log``, sealed with nothing live; then remove
+        the directories left empty."""
+        dfd = self._open_dir(log.dirs, create=False)
+        if dfd is None:
+            return
+        emptied = False
+        try:
+            fcntl.flock(dfd, fcntl.LOCK_EX)
+            try:
+                names = _logs(dfd)
+                if not names:
+                    return
+                top_gen, top_name = names[-1]
+                for _, name in names[:-1]:
+                    _unlink_quietly(dfd, name)  # superseded: sealed, its successor exists
+                with log.lock:
+                    retire = log.sealed is not None and not log.live
+                if retire and top_gen == log.gen and _same_file(dfd, top_name, log.ino):
+                    self._hook("log.retire.before_unlink", dirs=log.dirs)
+                    _unlink_quietly(dfd, top_name)
+                    emptied = True
+                if self._fsync:
+                    os.fsync(dfd)
+            finally:
+                fcntl.flock(dfd, fcntl.LOCK_UN)
+        finally:
+            os.close(dfd)
+        if emptied:
+            self._prune(log.dirs)
+
+    def _prune(self, dirs: tuple[str, ...]) -> None:
+        """Remove the empty directories of ``dirs`` upwards. A writer that made one of them
+        just now and is about to link its first log meets ENOENT and walks (makes) it again."""
+        while dirs:
+            try:
+                os.rmdir(self.root.joinpath(*dirs))
+            except OSError:
+                return
+            dirs = dirs[:-1]
+
+    # --- create ----------------------------------------------------------------------------
+
+    def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> None:
+        parts = check_key(key).split("/")
+        dirs, name = tuple(parts[:-1]), parts[-1]
+        meta = orjson.dumps(dict(metadata or {}))
+        if len(data) + len(meta) + len(name) + 64 > _MAX_BODY:
+            raise InvalidInputError(f"object {key!r} is larger than the log backend's 1 GiB")
+        self._count("put")
+        try:
+            self._put(key, dirs, name, meta, data)
+        except (FileExistsError, NotADirectoryError):
+            raise ObjectExistsError(key) from None  # a component of the key is not a directory
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+
+    def _put(self, key: str, dirs: tuple[str, ...], name: str, meta: bytes, data: bytes) -> None:
+        for _ in range(_ROUNDS):
+            log = self._resolve(dirs, create=True)
+            assert log is not None
+            nonce = os.urandom(16)
+            record = self._record(log.file_id, self._put_body(name, nonce, meta, data))
+            with log.lock:
+                log.pending[nonce] = None
+            try:
+                _append(log.fd, record, key)
+                seen_ns = time.time_ns()  # after the write: never before the object appeared
+                self._hook("log.put.written", key=key, gen=log.gen)
+                n = name.encode()
+                _append(log.fd, self._record(log.file_id, b"".join(
+                    (_TIME, _TIME_HEAD.pack(nonce, seen_ns, len(n)), n))), key)
+                with log.lock:
+                    self._catch_up(log)
+                    outcome = log.pending.get(nonce)
+            finally:
+                with log.lock:
+                    log.pending.pop(nonce, None)
+            self._hook("log.put.decided", key=key, outcome=outcome, gen=log.gen)
+            if outcome == "lost":
+                raise ObjectExistsError(key)
+            if outcome == "won":
+                if self._fsync:
+                    os.fdatasync(log.fd)  # and with it everything before it in the log
+                return
+            if log.sealed is None:
+                raise BackendUnavailableError(f"object {key!r}: its record was not found in the log")
+            self._successor(log)  # written after a seal: void; again in the successor
+        raise BackendUnavailableError(f"object {key!r}: the log kept being sealed under the write")
+
+    # --- read --------------------------------------------------------------------------------
+
+    def _current(self, dirs: tuple[str, ...]) -> _Log | None:
+        """``dirs``'s newest log, caught up, or None when the directory holds no objects."""
+        for _ in range(_ROUNDS):
+            log = self._resolve(dirs, create=False)
+            if log is None:
+                return None
+            with log.lock:
+                self._catch_up(log)
+                sealed = log.sealed is not None
+            if not sealed:
+                return log
+            # Sealed: its state at the seal is the directory's, if it is still the newest
+            # (its successor not made yet); otherwise read the newer one, or nothing.
+            dfd = self._open_dir(dirs, create=False)
+            if dfd is None:
+                self._forget(log)
+                return None
+            try:
+                top = _newest(dfd)
+                newest = top is not None and top[0] == log.gen and _same_file(dfd, top[1], log.ino)
+            finally:
+                os.close(dfd)
+            if newest:
+                return log
+            self._forget(log)
+            if top is None:
+                return None
+        raise BackendUnavailableError(f"the log of {'/'.join(dirs)!r} kept changing")
+
+    def _find(self, key: str) -> tuple[_Log, _Obj] | None:
+        parts = check_key(key).split("/")
+        try:
+            log = self._current(tuple(parts[:-1]))
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+        if log is None:
+            return None
+        with log.lock:
+            obj = log.live.get(parts[-1])
+        return None if obj is None else (log, obj)
+
+    def get(self, key: str) -> StoredObject:
+        self._count("get")
+        found = self._find(key)
+        if found is None:
+            raise ObjectNotFoundError(key)
+        log, obj = found
+        try:
+            data = _pread_all(log.fd, obj.size, obj.offset)
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+        return StoredObject(key, data, _meta(obj), obj.time_ns // 1_000_000, etag=obj.nonce.hex())
+
+    def head(self, key: str) -> ObjectInfo | None:
+        self._count("head")
+        found = self._find(key)
+        return None if found is None else ObjectInfo(key, found[1].size)
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        self._count("list")
+        base, _, _ = prefix.rpartition("/")
+        if base:
+            check_key(base)
+        start = self.root / base if base else self.root
+        if not start.is_dir():
+            return
+        found: list[ObjectInfo] = []
+        for dirpath, dirnames, filenames in os.walk(start):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            if not any(f.startswith(_LOG_PREFIX) for f in filenames):
+                continue
+            rel = os.path.relpath(dirpath, self.root)
+            dirs = () if rel == "." else tuple(rel.split(os.sep))
+            try:
+                log = self._current(dirs)
+            except OSError as exc:
+                raise _os_error(exc, "/".join(dirs)) from exc
+            if log is None:
+                continue
+            with log.lock:
+                items = [(k, o.size) for k, o in log.live.items()]
+            head = "/".join(dirs) + "/" if dirs else ""
+            found.extend(ObjectInfo(head + k, size) for k, size in items if (head + k).startswith(prefix))
+        found.sort(key=lambda info: info.key)
+        for info in found:
+            if start_after is None or info.key > start_after:
+                yield info
+
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        self._count("list")
+        base = prefix.rstrip("/")
+        if base:
+            check_key(base)
+        start = self.root / base if base else self.root
+        try:
+            names = sorted(e.name for e in os.scandir(start) if e.is_dir(follow_symlinks=False))
+        except FileNotFoundError:
+            return
+        yield from (n for n in names if not n.startswith("."))
+
+    # --- delete ------------------------------------------------------------------------------
+
+    def delete(self, key: str) -> None:
+        self.delete_many([key])
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        by_dir: dict[tuple[str, ...], list[tuple[str, bytes]]] = {}
+        for key in keys:
+            parts = check_key(key).split("/")
+            by_dir.setdefault(tuple(parts[:-1]), []).append((parts[-1], _ANY))
+        for dirs, names in by_dir.items():
+            self._count("delete")
+            try:
+                self._delete(dirs, names)
+            except OSError as exc:
+                raise _os_error(exc, "/".join(dirs)) from exc
+
+    def delete_if_unchanged(self, key: str, seen: StoredObject) -> bool:
+        """Delete ``key`` if it holds ``seen``'s bytes and metadata: a tombstone naming the
+        nonce of the object compared, which deletes nothing if the key holds another object
+        where the tombstone lands (deleted and created again meanwhile)."""
+        parts = check_key(key).split("/")
+        dirs, name = tuple(parts[:-1]), parts[-1]
+        self._count("delete")
+        try:
+            found = self._find(key)
+            if found is None:
+                return False
+            log, obj = found
+            if _pread_all(log.fd, obj.size, obj.offset) != seen.data or _meta(obj) != dict(seen.metadata):
+                return False
+            if seen.etag is not None and seen.etag != obj.nonce.hex():
+                return False  # the same bytes, but another object (created again since)
+            self._hook("log.delete.matched", key=key)
+            return self._delete(dirs, [(name, obj.nonce)]).get(name) == "hit"
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+
+    def _delete(self, dirs: tuple[str, ...], names: list[tuple[str, bytes]]) -> dict[str, str]:
+        """Tombstones for ``names`` (name, nonce or ``_ANY``) that are live, in one write and
+        one fdatasync; name -> "hit" or "miss". Then the log is rewritten or removed if it
+        deserves it."""
+        outcomes: dict[str, str] = {}
+        todo = list(names)
+        for _ in range(_ROUNDS):
+            log = self._current(dirs)
+            if log is None:
+                return outcomes
+            with log.lock:
+                if log.sealed is not None:
+                    sealed_log = log
+                else:
+                    sealed_log = None
+                    todo = [(n, t) for n, t in todo if n in log.live and (t == _ANY or log.live[n].nonce == t)]
+                    if not todo:
+                        break
+            if sealed_log is not None:
+                # The newest log is sealed with no successor yet: make it, then delete there.
+                self._successor(sealed_log)
+                continue
+            if not log.durable:
+                self._make_durable(log)
+            sent = [(os.urandom(16), n, target) for n, target in todo]
+            chunks = []
+            for rid, n, target in sent:
+                k = n.encode()
+                chunks.append(self._record(log.file_id, b"".join((_DEL, _DEL_HEAD.pack(rid, target, len(k)), k))))
+            with log.lock:
+                log.pending.update(dict.fromkeys(rid for rid, _, _ in sent))
+            try:
+                _append(log.fd, b"".join(chunks), "/".join(dirs))
+                with log.lock:
+                    self._catch_up(log)
+                    got = [log.pending.get(rid) for rid, _, _ in sent]
+            finally:
+                with log.lock:
+                    for rid, _, _ in sent:
+                        log.pending.pop(rid, None)
+            if self._fsync:
+                os.fdatasync(log.fd)
+            todo = []
+            for (_, n, target), outcome in zip(sent, got):
+                if outcome is None:
+                    todo.append((n, target))  # after a seal: void
+                else:
+                    outcomes[n] = outcome
+            if not todo:
+                self._maintain(log)
+                break
+            self._successor(log)  # some landed after a seal: again in the successor
+        else:
+            raise BackendUnavailableError(f"deletes in {'/'.join(dirs)!r}: the log kept being sealed")
+        for n, _ in names:
+            outcomes.setdefault(n, "miss")
+        return outcomes
+
+    def _maintain(self, log: _Log) -> None:
+        """Seal and remove a log with nothing live; seal and rewrite one whose dead bytes
+        outweigh its live ones."""
+        with log.lock:
+            self._catch_up(log)
+            if log.sealed is not None:
+                return
+            empty = not log.live
+            rewrite = log.dead > log.live_size and log.dead + log.live_size >= self._rewrite_min
+        if not (empty or rewrite):
+            return
+        self.seal(log)
+
+    def seal(self, log: _Log) -> None:
+        """Append a SEAL to ``log``; the first one in the log counts. Then make the successor
+        (or none, when nothing is live at the seal) and unlink what is superseded."""
+        seal_id = os.urandom(16)
+        _append(log.fd, self._record(log.file_id, _SEAL + seal_id), "/".join(log.dirs))
+        if self._fsync:
+            os.fdatasync(log.fd)
+        self._hook("log.seal.written", dirs=log.dirs, gen=log.gen)
+        with log.lock:
+            self._catch_up(log)
+            empty = not log.live
+        if not empty:
+            self._successor(log)
+        self._tidy(log)
+        self._forget(log)
+
+    def close(self) -> None:
+        with self._logs_lock:
+            self._logs.clear()
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _append(fd: int, record: bytes, what: str) -> None:
+    """One ``write(2)`` of a whole record; a short one leaves a record that is cut short (its
+    MAC fails, readers skip it) and is reported as not written."""
+    written = os.write(fd, record)
+    if written != len(record):
+        raise BackendUnavailableError(f"{what}: {written} of {len(record)} bytes written to the log")
+
+
+def _meta(obj: _Obj) -> dict[str, str]:
+    try:
+        meta = orjson.loads(obj.meta) if obj.meta else {}
+    except orjson.JSONDecodeError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _pread_all(fd: int, size: int, offset: int) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) == size:
+        return data
+    chunks, got = [data], len(data)
+    while got < size:
+        chunk = os.pread(fd, size - got, offset + got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _logs(dfd: int) -> list[tuple[int, str]]:
+    """The logs in a directory, (generation, name), oldest first."""
+    found = []
+    for name in os.listdir(dfd):
+        if name.startswith(_LOG_PREFIX) and name[len(_LOG_PREFIX) :].isdigit():
+            found.append((int(name[len(_LOG_PREFIX) :]), name))
+    found.sort()
+    return found
+
+
+def _newest(dfd: int) -> tuple[int, str] | None:
+    logs = _logs(dfd)
+    return logs[-1] if logs else None
+
+
+def _same_file(dfd: int, name: str, ino: tuple[int, int]) -> bool:
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == ino
+
+
+def _unlink_quietly(dfd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+# --- which backend a directory holds -------------------------------------------------------------
+
+#: The formats of a local store, recorded in ``<root>/.format`` when it is first opened.
+FORMAT_LOG = "log1"
+FORMAT_FILES = "files"
+FORMATS = (FORMAT_LOG, FORMAT_FILES)
+
+
+def local_format(root: str | os.PathLike[str], wanted: str | None = None) -> str:
+    """The format of the local store at ``root``: as recorded, else recorded now: ``wanted``,
+    or ``files`` for a directory that already holds objects (a store made before the log
+    backend), or ``log1`` for a new one. ``InvalidInputError`` if ``wanted`` is not what the
+    store holds."""
+    if wanted is not None and wanted not in FORMATS:
+        raise InvalidInputError(f"local store format {wanted!r}: one of {', '.join(FORMATS)}")
+    path = Path(root).absolute()
+    path.mkdir(parents=True, exist_ok=True)
+    marker = path / _FORMAT_FILE
+    for _ in range(3):
+        try:
+            held = marker.read_text().strip()
+        except FileNotFoundError:
+            held = None
+        if held:
+            if held not in FORMATS:
+                raise InvalidInputError(f"{marker}: unknown local store format {held!r}")
+            if wanted is not None and wanted != held:
+                raise InvalidInputError(f"the store at {path} is in format {held!r}, not {wanted!r}")
+            return held
+        choice = wanted
+        if choice is None:
+            old = any(not e.name.startswith(".") for e in os.scandir(path))
+            choice = FORMAT_FILES if old else FORMAT_LOG
+        dfd = os.open(str(path), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _link_whole(dfd, _FORMAT_FILE, f"{choice}\n".encode())
+        finally:
+            os.close(dfd)
+    raise BackendUnavailableError(f"{marker}: could not be read or made")
+
+
+def _link_whole(dfd: int, name: str, blob: bytes) -> None:
+    tmp = f".tmp-{uuid.uuid4().hex}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
+    try:
+        _write_all(fd, blob)
+        os.fsync(fd)
+        try:
+            os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except FileExistsError:
+            pass
+    finally:
+        os.close(fd)
+        os.unlink(tmp, dir_fd=dfd)
+    os.fsync(dfd)
+
