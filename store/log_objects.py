@@ -484,6 +484,7 @@ class LogObjectStore(ObjectStore):
         """Under the exclusive lock of ``log``'s directory: unlink every log older than the
         newest, and the newest too if it is ``log``, sealed with nothing live; then remove
         the directories left empty."""
+        self._hook("log.tidy.before_lock", dirs=log.dirs, gen=log.gen)
         dfd = self._open_dir(log.dirs, create=False)
         if dfd is None:
             return
@@ -500,7 +501,6 @@ class LogObjectStore(ObjectStore):
                 with log.lock:
                     retire = log.sealed is not None and not log.live
                 if retire and top_gen == log.gen and _same_file(dfd, top_name, log.ino):
-                    self._hook("log.retire.before_unlink", dirs=log.dirs)
                     _unlink_quietly(dfd, top_name)
                     emptied = True
                 if self._fsync:
@@ -547,6 +547,7 @@ class LogObjectStore(ObjectStore):
             with log.lock:
                 log.pending[nonce] = None
             try:
+                self._hook("log.put.before_write", key=key, gen=log.gen)
                 _append(log.fd, record, key)
                 seen_ns = time.time_ns()  # after the write: never before the object appeared
                 self._hook("log.put.written", key=key, gen=log.gen)
