@@ -90,7 +90,7 @@ _MAX_BODY = 1 << 30
 _ROUNDS = 16
 #: Logs (open fds and indexes) kept per store, least recently used dropped first.
 _LOG_CACHE = 64
-#: A log is rewritten once its dead bytes pass its live ones and this size.
+#: A log is rewritten after a delete, and once its dead bytes pass its live ones and this size.
 _REWRITE_MIN = 256 * 1024
 _FORMAT_FILE = ".format"
 _KEY_FILE = ".logkey"
@@ -761,7 +761,7 @@ class LogObjectStore(ObjectStore):
                 else:
                     outcomes[n] = outcome
             if not todo:
-                self._maintain(log)
+                self._maintain(log, erased="hit" in got)
                 break
             self._successor(log)  # some landed after a seal: again in the successor
         else:
@@ -770,18 +770,19 @@ class LogObjectStore(ObjectStore):
             outcomes.setdefault(n, "miss")
         return outcomes
 
-    def _maintain(self, log: _Log) -> None:
-        """Seal and remove a log with nothing live; seal and rewrite one whose dead bytes
-        outweigh its live ones."""
+    def _maintain(self, log: _Log, *, erased: bool) -> None:
+        """After deletes: seal and remove a log with nothing live; seal and rewrite one that
+        held an object deleted just now (``erased``: its bytes leave the disk before the
+        delete returns, as an unlinked file's do), or whose dead bytes (creates that lost,
+        times) outweigh its live ones."""
         with log.lock:
             self._catch_up(log)
             if log.sealed is not None:
                 return
             empty = not log.live
-            rewrite = log.dead > log.live_size and log.dead + log.live_size >= self._rewrite_min
-        if not (empty or rewrite):
-            return
-        self.seal(log)
+            heavy = log.dead > log.live_size and log.dead + log.live_size >= self._rewrite_min
+        if empty or erased or heavy:
+            self.seal(log)
 
     def seal(self, log: _Log) -> None:
         """Append a SEAL to ``log``; the first one in the log counts. Then make the successor

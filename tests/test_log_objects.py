@@ -229,24 +229,44 @@ def test_a_writer_paused_after_its_write_while_the_log_is_rewritten(tmp_path: Pa
         writer.put_if_absent("d/k", b"again")
 
 
-def test_a_sealer_paused_before_its_successor_blocks_nobody(tmp_path: Path) -> None:
-    """A rewrite sealed the log and paused before making the successor: writers and
-    deleters meet the seal, make the successor themselves, and go on."""
+def test_a_sealer_paused_making_its_successor_blocks_no_writer(tmp_path: Path) -> None:
+    """A rewrite sealed the log and paused while making the successor (holding the shared
+    lock of the directory): writers meet the seal, make the successor themselves and go on;
+    only an unlink in the directory (which takes the exclusive lock) waits for the sealer."""
     root = tmp_path / "objects"
     pause = Pause("log.link.before", lambda ctx: ctx["gen"] > 0)
-    sealer = LogObjectStore(root, rewrite_min=0, fault_hook=pause)
+    sealer = LogObjectStore(root, fault_hook=pause)
     for i in range(6):
         sealer.put_if_absent(f"d/{i}", b"x" * 100)
     rewrite = InThread(lambda: sealer.delete_many([f"d/{i}" for i in range(4)]))
     pause.wait_paused()
     other = LogObjectStore(root)
     other.put_if_absent("d/new", b"new")
-    other.delete("d/4")
-    assert sorted(i.key for i in _fresh(root).list("d/")) == ["d/5", "d/new"]
+    other.put_if_absent("d/newer", b"newer")
+    with pytest.raises(ObjectExistsError):
+        other.put_if_absent("d/5", b"taken")
+    assert sorted(i.key for i in _fresh(root).list("d/")) == ["d/4", "d/5", "d/new", "d/newer"]
     pause.release()
     rewrite.result()
-    assert sorted(i.key for i in _fresh(root).list("d/")) == ["d/5", "d/new"]
+    assert sorted(i.key for i in _fresh(root).list("d/")) == ["d/4", "d/5", "d/new", "d/newer"]
     assert _fresh(root).get("d/new").data == b"new"
+    assert len(_log_files(root, "d")) == 1  # the sealer's tidy-up unlinked the sealed log
+
+
+def test_a_delete_leaves_no_deleted_bytes_on_disk(tmp_path: Path) -> None:
+    """Erasure: once a delete returns, the deleted object's bytes are in no log file (the
+    log it was in is rewritten without it and unlinked), as an unlinked file's would be."""
+    root = tmp_path / "objects"
+    store = LogObjectStore(root)
+    store.put_if_absent("d/keep", b"kept bytes")
+    store.put_if_absent("d/secret", b"PERSONAL-DATA-1234")
+    with pytest.raises(ObjectExistsError):
+        store.put_if_absent("d/keep", b"LOSING-CREATE-5678")
+    store.delete("d/secret")
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert not any(b"PERSONAL-DATA-1234" in p.read_bytes() for p in files)
+    assert not any(b"LOSING-CREATE-5678" in p.read_bytes() for p in files)
+    assert _fresh(root).get("d/keep").data == b"kept bytes"
 
 
 def test_a_remover_paused_before_unlinking_never_unlinks_a_later_log(tmp_path: Path) -> None:
