@@ -86,6 +86,8 @@ _DEL_HEAD = struct.Struct(">16s16sH")
 _ANY = bytes(16)
 #: A record's body may not be larger than this (an object of 1 GiB at most).
 _MAX_BODY = 1 << 30
+#: Bytes a catch-up reads at a time (a record larger than that is read whole).
+_CHUNK = 1 << 20
 #: Times a write is retried in the successor of a log sealed under it.
 _ROUNDS = 16
 #: Logs (open fds and indexes) kept per store, least recently used dropped first.
@@ -221,41 +223,62 @@ class LogObjectStore(ObjectStore):
 
     def _catch_up(self, log: _Log) -> None:
         """Read what was appended to ``log`` since ``log.pos`` into its index (``log.lock``
-        held). Stops at the first SEAL, and before a record not complete yet."""
+        held), ``_CHUNK`` bytes at a time (more for a record larger than that). Stops at the
+        first SEAL, and before a record not complete yet."""
         if log.sealed is not None:
             return
         end = os.fstat(log.fd).st_size
-        if end <= log.pos:
-            return
-        buf = _pread_all(log.fd, end - log.pos, log.pos)
+        window = _CHUNK
+        while log.pos < end:
+            buf = _pread_all(log.fd, min(end - log.pos, window), log.pos)
+            at_eof = log.pos + len(buf) >= end
+            used = self._parse(log, buf, at_eof)
+            if log.sealed is not None or (used == 0 and at_eof):
+                return
+            window = window * 4 if used == 0 else _CHUNK  # a record larger than the window
+
+    def _parse(self, log: _Log, buf: bytes, at_eof: bool) -> int:
+        """Apply the whole records at the start of ``buf`` (the log from ``log.pos``; up to
+        the end of the file if ``at_eof``); advance ``log.pos`` past them; how far."""
         base, n, i = log.pos, len(buf), 0
         met_ns = time.time_ns()  # after the bytes were read: never early for what they hold
         while n - i >= _REC.size:
             magic, length, mac = _REC.unpack_from(buf, i)
-            if magic == _REC_MAGIC and length <= _MAX_BODY and i + _REC.size + length <= n \
-                    and self._valid(log.file_id, buf, i, length, mac):
-                if self._apply(log, buf, i, length, base, met_ns):
-                    log.pos = base + i
-                    return  # sealed: nothing after it counts
-                i += _REC.size + length
-                continue
+            if magic == _REC_MAGIC and length <= _MAX_BODY:
+                if i + _REC.size + length <= n:
+                    if self._valid(log.file_id, buf, i, length, mac):
+                        if self._apply(log, buf, i, length, base, met_ns):
+                            break  # sealed: nothing after it counts
+                        i += _REC.size + length
+                        continue
+                elif not at_eof:
+                    break  # the rest of it is past this window
             # Not a whole record here: one still being written (wait for it), or one cut short
             # (a writer killed inside its write, a full disk, a torn end): skip to the next
             # record whose MAC holds. If there is none yet, the bytes are "not there yet".
-            nxt = self._resync(log.file_id, buf, i + 1)
+            nxt = self._resync(log.file_id, buf, i + 1, at_eof)
             if nxt is None:
                 break
             log.dead += nxt - i
             i = nxt
         log.pos = base + i
+        return i
 
-    def _resync(self, file_id: bytes, buf: bytes, start: int) -> int | None:
+    def _resync(self, file_id: bytes, buf: bytes, start: int, at_eof: bool) -> int | None:
+        """The offset in ``buf`` of the next record whose MAC holds, or None (none yet; or,
+        short of the end of the file, one that may run past this window)."""
         n = len(buf)
         j = buf.find(_REC_MAGIC, start)
-        while j >= 0 and n - j >= _REC.size:
+        while j >= 0:
+            if n - j < _REC.size:
+                return None
             _, length, mac = _REC.unpack_from(buf, j)
-            if length <= _MAX_BODY and j + _REC.size + length <= n and self._valid(file_id, buf, j, length, mac):
-                return j
+            if length <= _MAX_BODY:
+                if j + _REC.size + length <= n:
+                    if self._valid(file_id, buf, j, length, mac):
+                        return j
+                elif not at_eof:
+                    return None  # read further before deciding
             j = buf.find(_REC_MAGIC, j + 1)
         return None
 
