@@ -519,6 +519,11 @@ class LogObjectStore(ObjectStore):
                 if not names:
                     return
                 top_gen, top_name = names[-1]
+                if len(names) > 1 and self._fsync:
+                    # The successor's name is durable before its predecessor's goes: another
+                    # process may have linked it a moment ago and not fsynced yet (and without
+                    # a journal the two changes may reach the disk in any order).
+                    os.fsync(dfd)
                 for _, name in names[:-1]:
                     _unlink_quietly(dfd, name)  # superseded: sealed, its successor exists
                 with log.lock:
@@ -563,7 +568,10 @@ class LogObjectStore(ObjectStore):
 
     def _put(self, key: str, dirs: tuple[str, ...], name: str, meta: bytes, data: bytes) -> None:
         for _ in range(_ROUNDS):
-            log = self._resolve(dirs, create=True)
+            try:
+                log = self._resolve(dirs, create=True)
+            except FileNotFoundError:
+                continue  # a directory on the way was removed while we walked it: again
             assert log is not None
             nonce = os.urandom(16)
             record = self._record(log.file_id, self._put_body(name, nonce, meta, data))
