@@ -406,15 +406,7 @@ class FileObjectStore(ObjectStore):
 
     def list_dirs(self, prefix: str) -> Iterator[str]:
         self._count("list")
-        base = prefix.rstrip("/")
-        if base:
-            check_key(base)
-        start = self.root / base if base else self.root
-        try:
-            names = sorted(e.name for e in os.scandir(start) if e.is_dir(follow_symlinks=False))
-        except FileNotFoundError:
-            return
-        yield from (n for n in names if not n.startswith("."))
+        yield from subdirectories(self.root, prefix)
 
     def delete(self, key: str) -> None:
         parts = check_key(key).split("/")
@@ -492,6 +484,20 @@ class FileObjectStore(ObjectStore):
             self._forget_dir(dirs)  # a removed directory's fd: of no use any more
             parent = parent.parent
             dirs = dirs[:-1]
+
+
+def subdirectories(root: Path, prefix: str) -> list[str]:
+    """The directories of keys directly below ``prefix`` (which ends with '/'), in name
+    order: a local store's ``list_dirs`` (dot-directories are the store's own)."""
+    base = prefix.rstrip("/")
+    if base:
+        check_key(base)
+    start = root / base if base else root
+    try:
+        names = sorted(e.name for e in os.scandir(start) if e.is_dir(follow_symlinks=False))
+    except FileNotFoundError:
+        return []
+    return [n for n in names if not n.startswith(".")]
 
 
 def open_dir(root: Path, parts: Sequence[str], *, create: bool, fsync: bool) -> int:

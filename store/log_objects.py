@@ -62,7 +62,7 @@ from store.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
 )
-from store.file_objects import _O_TMPFILE, _os_error, _removed, _write_all, open_dir
+from store.file_objects import _O_TMPFILE, _os_error, _removed, _write_all, open_dir, subdirectories
 from store.object_store import ObjectInfo, ObjectStore, StoredObject, check_key
 
 FaultHook = Callable[[str, dict[str, Any]], None]
@@ -695,15 +695,7 @@ class LogObjectStore(ObjectStore):
 
     def list_dirs(self, prefix: str) -> Iterator[str]:
         self._count("list")
-        base = prefix.rstrip("/")
-        if base:
-            check_key(base)
-        start = self.root / base if base else self.root
-        try:
-            names = sorted(e.name for e in os.scandir(start) if e.is_dir(follow_symlinks=False))
-        except FileNotFoundError:
-            return
-        yield from (n for n in names if not n.startswith("."))
+        yield from subdirectories(self.root, prefix)
 
     # --- delete ------------------------------------------------------------------------------
 
