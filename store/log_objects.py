@@ -57,6 +57,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import orjson
 
 from store.errors import (
+    BackendRefusedError,
     BackendUnavailableError,
     InvalidInputError,
     ObjectExistsError,
@@ -378,7 +379,7 @@ class LogObjectStore(ObjectStore):
             if dfd is None:
                 return None
             try:
-                top = _newest(dfd)
+                top = _newest(dfd, strict=True)
                 if top is None:
                     if not create:
                         return None
@@ -861,18 +862,27 @@ def _pread_all(fd: int, size: int, offset: int) -> bytes:
     return b"".join(chunks)
 
 
-def _logs(dfd: int) -> list[tuple[int, str]]:
-    """The logs in a directory, (generation, name), oldest first."""
+def _logs(dfd: int, *, strict: bool = False) -> list[tuple[int, str]]:
+    """The logs in a directory, (generation, name), oldest first. ``strict``: a file that is
+    not the store's own (an object as the file backend keeps it) is refused."""
     found = []
-    for name in os.listdir(dfd):
-        if name.startswith(_LOG_PREFIX) and name[len(_LOG_PREFIX) :].isdigit():
-            found.append((int(name[len(_LOG_PREFIX) :]), name))
+    with os.scandir(dfd) as entries:
+        for entry in entries:
+            name = entry.name
+            if name.startswith(_LOG_PREFIX) and name[len(_LOG_PREFIX) :].isdigit():
+                found.append((int(name[len(_LOG_PREFIX) :]), name))
+            elif strict and not name.startswith(".") and entry.is_file(follow_symlinks=False):
+                raise BackendRefusedError(
+                    f"{name!r} is a file in a log store's directory: a process of the file backend "
+                    "(this store opened with ?format=files, or a version before the log backend) "
+                    "wrote it, and the log backend does not read it. Stop that process; "
+                    "docs/design.md, \"The log backend\", says why the two cannot share a store")
     found.sort()
     return found
 
 
-def _newest(dfd: int) -> tuple[int, str] | None:
-    logs = _logs(dfd)
+def _newest(dfd: int, *, strict: bool = False) -> tuple[int, str] | None:
+    logs = _logs(dfd, strict=strict)
     return logs[-1] if logs else None
 
 

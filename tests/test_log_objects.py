@@ -377,3 +377,19 @@ def test_processes_killed_anywhere_lose_nothing_acknowledged(tmp_path: Path) -> 
     assert len(unacked) <= 9, unacked
     newest = _log_files(root, "d")[-1]
     assert int(newest.name[len(_LOG_PREFIX):]) > 3, "the log was hardly ever rewritten"
+
+
+def test_an_object_file_of_the_file_backend_in_a_log_store_is_refused_loudly(tmp_path: Path) -> None:
+    """A process of the file backend (an earlier version, or ?format=files) writing into a log
+    store would split it in two without a word: the log backend refuses a directory where
+    it meets such a file, with an error that says what happened."""
+    from store.errors import BackendRefusedError
+    from store.file_objects import FileObjectStore
+
+    root = tmp_path / "objects"
+    LogObjectStore(root).put_if_absent("s/a/header.json", b"log")
+    FileObjectStore(root).put_if_absent("s/a/seg-by-an-old-process", b"file")
+    for op in (lambda st: st.get("s/a/header.json"), lambda st: st.put_if_absent("s/a/x", b"x"),
+               lambda st: list(st.list("s/"))):
+        with pytest.raises(BackendRefusedError, match="file backend"):
+            op(_fresh(root))
