@@ -394,6 +394,8 @@ class FileObjectStore(ObjectStore):
             # Dot-directories are the store's own (temporary files, the embedded Redis).
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             for name in filenames:
+                if name.startswith("."):
+                    continue  # the store's own (.format), never a key
                 key = name if rel_dir == "." else f"{rel_dir.replace(os.sep, '/')}/{name}"
                 if key.startswith(prefix):
                     found.append(key)

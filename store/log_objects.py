@@ -554,6 +554,16 @@ class LogObjectStore(ObjectStore):
     # --- create ----------------------------------------------------------------------------
 
     def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> None:
+        self._create(key, data, metadata, 0)
+
+    def import_object(self, key: str, data: bytes, metadata: Mapping[str, str] | None,
+                      last_modified_ms: int | None) -> None:
+        """``put_if_absent`` of an object copied from another backend, keeping the time that
+        backend gave it (``store/convert.py``): GC trusts an object's time not to be early,
+        and the source's own time is at least as early as this copy."""
+        self._create(key, data, metadata, (last_modified_ms or 0) * 1_000_000)
+
+    def _create(self, key: str, data: bytes, metadata: Mapping[str, str] | None, time_ns: int) -> None:
         parts = check_key(key).split("/")
         dirs, name = tuple(parts[:-1]), parts[-1]
         meta = orjson.dumps(dict(metadata or {}))
@@ -561,13 +571,13 @@ class LogObjectStore(ObjectStore):
             raise InvalidInputError(f"object {key!r} is larger than the log backend's 1 GiB")
         self._count("put")
         try:
-            self._put(key, dirs, name, meta, data)
+            self._put(key, dirs, name, meta, data, time_ns)
         except (FileExistsError, NotADirectoryError):
             raise ObjectExistsError(key) from None  # a component of the key is not a directory
         except OSError as exc:
             raise _os_error(exc, key) from exc
 
-    def _put(self, key: str, dirs: tuple[str, ...], name: str, meta: bytes, data: bytes) -> None:
+    def _put(self, key: str, dirs: tuple[str, ...], name: str, meta: bytes, data: bytes, time_ns: int) -> None:
         for _ in range(_ROUNDS):
             try:
                 log = self._resolve(dirs, create=True)
@@ -575,7 +585,7 @@ class LogObjectStore(ObjectStore):
                 continue  # a directory on the way was removed while we walked it: again
             assert log is not None
             nonce = os.urandom(16)
-            record = self._record(log.file_id, self._put_body(name, nonce, meta, data))
+            record = self._record(log.file_id, self._put_body(name, nonce, meta, data, time_ns))
             with log.lock:
                 log.pending[nonce] = None
             try:
