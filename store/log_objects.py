@@ -41,6 +41,7 @@ since are still the object's.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -96,6 +97,9 @@ _LOG_CACHE = 64
 #: A log is rewritten after a delete, and once its dead bytes pass its live ones and this size.
 _REWRITE_MIN = 256 * 1024
 _FORMAT_FILE = ".format"
+#: Named temporary files of new logs (where there is no O_TMPFILE), made under the directory's
+#: shared lock: one found under the exclusive lock is a dead process's.
+_TMP_PREFIX = ".tmp-"
 _KEY_FILE = ".logkey"
 
 
@@ -167,6 +171,9 @@ class LogObjectStore(ObjectStore):
         self._logs_lock = threading.Lock()
         self._logs_max = max(1, log_cache)
         self._rewrite_min = rewrite_min
+        #: Seconds between sweeps of the cache for logs unlinked by others (``_sweep``).
+        self._sweep_s = 1.0
+        self._swept = time.monotonic()
         self._unnamed = bool(_O_TMPFILE) and os.path.isdir("/proc/self/fd")
         self._secret = self._load_secret()
 
@@ -188,16 +195,20 @@ class LogObjectStore(ObjectStore):
         """The store's MAC key: ``.logkey``, made once (whole, then linked: first wins)."""
         path = self.root / _KEY_FILE
         for _ in range(3):
-            try:
-                secret = path.read_bytes()
-                if len(secret) == 32:
-                    return secret
-                raise BackendUnavailableError(f"{path}: {len(secret)} bytes, not a store's key")
-            except FileNotFoundError:
-                pass
             dfd = os.open(str(self.root), os.O_RDONLY | os.O_DIRECTORY)
             try:
-                self._link_new(dfd, _KEY_FILE, os.urandom(32))
+                try:
+                    secret = path.read_bytes()
+                except FileNotFoundError:
+                    self._link_new(dfd, _KEY_FILE, os.urandom(32), tmp_prefix=".keytmp-")
+                    continue
+                if len(secret) != 32:
+                    raise BackendUnavailableError(f"{path}: {len(secret)} bytes, not a store's key")
+                if self._fsync:
+                    # Its name is durable before anything sealed with it is acknowledged (the
+                    # process that linked it may not have fsynced the root yet).
+                    os.fsync(dfd)
+                return secret
             finally:
                 os.close(dfd)
         raise BackendUnavailableError(f"{path}: could not be made")
@@ -335,11 +346,29 @@ class LogObjectStore(ObjectStore):
     # --- finding a directory's log ---------------------------------------------------------
 
     def _cached(self, dirs: tuple[str, ...]) -> _Log | None:
+        now = time.monotonic()
+        if now - self._swept >= self._sweep_s:
+            self._sweep(now)
         with self._logs_lock:
             log = self._logs.get(dirs)
             if log is not None:
                 self._logs.move_to_end(dirs)
             return log
+
+    def _sweep(self, now: float) -> None:
+        """Drop the cached logs that were unlinked (rewritten or removed by another process):
+        their fds would keep the old files' blocks, deleted objects' bytes included, on the
+        disk for as long as this process lives."""
+        self._swept = now
+        with self._logs_lock:
+            logs = list(self._logs.values())
+        for log in logs:
+            try:
+                gone = os.fstat(log.fd).st_nlink == 0
+            except OSError:
+                gone = True
+            if gone:
+                self._forget(log)
 
     def _forget(self, log: _Log) -> None:
         with self._logs_lock:
@@ -381,6 +410,11 @@ class LogObjectStore(ObjectStore):
             try:
                 top = _newest(dfd, strict=True)
                 if top is None:
+                    # A listing is not atomic: one that raced a rewrite (the successor linked
+                    # behind its cursor, the old log unlinked before it) sees neither. Under
+                    # the shared lock no log is unlinked: the newest there then is listed.
+                    top = _newest_locked(dfd)
+                if top is None:
                     if not create:
                         return None
                     try:
@@ -413,19 +447,21 @@ class LogObjectStore(ObjectStore):
         raise BackendUnavailableError(f"the log of {'/'.join(dirs)!r} kept changing")
 
     def _make_durable(self, log: _Log, dfd: int | None = None) -> None:
-        """Before this process acknowledges anything in ``log``, the log's name is durable:
-        it may have been linked by another process a moment ago that has not fsynced the
-        directory yet."""
+        """Before this process acknowledges anything in ``log``, the log's name and the
+        directories above it are durable: another process may have linked or made them a
+        moment ago and not fsynced them yet. A directory gone meanwhile was removed after
+        its log was sealed: a write in that log is void, and nothing is made here."""
         if self._fsync:
-            own = dfd is None
-            if own:
-                dfd = self._open_dir(log.dirs, create=True)
-            assert dfd is not None
-            try:
-                os.fsync(dfd)
-            finally:
-                if own:
-                    os.close(dfd)
+            for depth in range(len(log.dirs) + 1):
+                parts = log.dirs[:depth]
+                fd = dfd if (dfd is not None and depth == len(log.dirs)) else self._open_dir(parts, create=False)
+                if fd is None:
+                    return
+                try:
+                    os.fsync(fd)
+                finally:
+                    if fd is not dfd:
+                        os.close(fd)
         log.durable = True
 
     def _make_first(self, dfd: int) -> None:
@@ -447,14 +483,22 @@ class LogObjectStore(ObjectStore):
         self._hook("log.link.before", gen=gen)
         self._link_new(dfd, f"{_LOG_PREFIX}{gen:08d}", b"".join(parts))
 
-    def _link_new(self, dfd: int, name: str, blob: bytes) -> bool:
+    def _link_new(self, dfd: int, name: str, blob: bytes, *, tmp_prefix: str = _TMP_PREFIX) -> bool:
         """Create ``name`` in ``dfd`` holding ``blob``, whole or not at all: True if this call
-        made it, False if the name was taken. The directory is fsynced either way."""
+        made it, False if the name was taken. The directory is fsynced either way. Where the
+        filesystem has no ``O_TMPFILE``, through a named temporary file (``tmp_prefix``: the
+        logs' are removed by ``_tidy`` when a process died before removing its own)."""
+        fd: int | None = None
+        tmp: str | None = None
         if self._unnamed:
-            fd = os.open(".", _O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd)
-            tmp = None
-        else:
-            tmp = f".tmp-{uuid.uuid4().hex}"
+            try:
+                fd = os.open(".", _O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                    raise
+                self._unnamed = False  # this filesystem has none: named files from now on
+        if fd is None:
+            tmp = f"{tmp_prefix}{uuid.uuid4().hex}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
         try:
             _write_all(fd, blob)
@@ -527,9 +571,14 @@ class LogObjectStore(ObjectStore):
                     os.fsync(dfd)
                 for _, name in names[:-1]:
                     _unlink_quietly(dfd, name)  # superseded: sealed, its successor exists
+                for name in os.listdir(dfd):
+                    if name.startswith(_TMP_PREFIX):
+                        _unlink_quietly(dfd, name)  # a dead process's: a live one holds the lock
                 with log.lock:
                     retire = log.sealed is not None and not log.live
                 if retire and top_gen == log.gen and _same_file(dfd, top_name, log.ino):
+                    if len(names) > 1 and self._fsync:
+                        os.fsync(dfd)  # the older logs gone first: none may outlive the newest
                     _unlink_quietly(dfd, top_name)
                     emptied = True
                 if self._fsync:
@@ -635,6 +684,8 @@ class LogObjectStore(ObjectStore):
                 return None
             try:
                 top = _newest(dfd)
+                if top is None or top[0] == log.gen:
+                    top = _newest_locked(dfd)  # not fooled by a listing that raced a rewrite
                 newest = top is not None and top[0] == log.gen and _same_file(dfd, top[1], log.ino)
             finally:
                 os.close(dfd)
@@ -757,13 +808,10 @@ class LogObjectStore(ObjectStore):
             if log is None:
                 return outcomes
             with log.lock:
-                if log.sealed is not None:
-                    sealed_log = log
-                else:
-                    sealed_log = None
-                    todo = [(n, t) for n, t in todo if n in log.live and (t == _ANY or log.live[n].nonce == t)]
-                    if not todo:
-                        break
+                sealed_log = log if log.sealed is not None else None
+                todo = [(n, t) for n, t in todo if n in log.live and (t == _ANY or log.live[n].nonce == t)]
+                if not todo:
+                    break  # nothing of ours is live (in a sealed log: as of its seal)
             if sealed_log is not None:
                 # The newest log is sealed with no successor yet: make it, then delete there.
                 self._successor(sealed_log)
@@ -811,10 +859,17 @@ class LogObjectStore(ObjectStore):
         times) outweigh its live ones."""
         with log.lock:
             self._catch_up(log)
-            if log.sealed is not None:
-                return
+            sealed = log.sealed is not None
             empty = not log.live
             heavy = log.dead > log.live_size and log.dead + log.live_size >= self._rewrite_min
+        if sealed:
+            if erased:
+                # Sealed by another process, which may have paused or died before finishing:
+                # finish it, so that what this delete removed leaves the directory first.
+                if not empty:
+                    self._successor(log)
+                self._tidy(log)
+            return
         if empty or erased or heavy:
             self.seal(log)
 
@@ -896,6 +951,16 @@ def _newest(dfd: int, *, strict: bool = False) -> tuple[int, str] | None:
     return logs[-1] if logs else None
 
 
+def _newest_locked(dfd: int) -> tuple[int, str] | None:
+    """``_newest`` under the directory's shared lock: no log is unlinked meanwhile, so the
+    newest there when the lock was taken (or a newer one) is listed."""
+    fcntl.flock(dfd, fcntl.LOCK_SH)
+    try:
+        return _newest(dfd)
+    finally:
+        fcntl.flock(dfd, fcntl.LOCK_UN)
+
+
 def _same_file(dfd: int, name: str, ino: tuple[int, int]) -> bool:
     try:
         st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -946,6 +1011,11 @@ def local_format(root: str | os.PathLike[str], wanted: str | None = None) -> str
                 raise InvalidInputError(f"{marker}: unknown local store format {held!r}")
             if wanted is not None and wanted != held:
                 raise InvalidInputError(f"the store at {path} is in format {held!r}, not {wanted!r}")
+            dfd = os.open(str(path), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)  # the marker's name is durable before the store is used
+            finally:
+                os.close(dfd)
             return held
         choice = wanted
         if choice is None:
@@ -960,7 +1030,7 @@ def local_format(root: str | os.PathLike[str], wanted: str | None = None) -> str
 
 
 def _link_whole(dfd: int, name: str, blob: bytes) -> None:
-    tmp = f".tmp-{uuid.uuid4().hex}"
+    tmp = f".fmttmp-{uuid.uuid4().hex}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
     try:
         _write_all(fd, blob)
