@@ -453,14 +453,14 @@ class LogObjectStore(ObjectStore):
         its log was sealed: a write in that log is void, and nothing is made here."""
         if self._fsync:
             for depth in range(len(log.dirs) + 1):
-                parts = log.dirs[:depth]
-                fd = dfd if (dfd is not None and depth == len(log.dirs)) else self._open_dir(parts, create=False)
+                given = dfd is not None and depth == len(log.dirs)
+                fd = dfd if given else self._open_dir(log.dirs[:depth], create=False)
                 if fd is None:
                     return
                 try:
                     os.fsync(fd)
                 finally:
-                    if fd is not dfd:
+                    if not given:
                         os.close(fd)
         log.durable = True
 
