@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from coordination.redis import Coordinator, TailState
@@ -56,7 +57,12 @@ from store.listing import (
 from store.manifest import Manifest, ManifestStore
 from store.markers import check_user_ids, refuse_if_trashed
 from store.object_store import StoredObject
-from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
+from store.objects import (
+    LogObjectStore,
+    ObjectStore,
+    object_store_from_url,
+    s3_prefix_of,
+)
 from store.read import Reader, SessionData, check_unique_ids
 from store.records import (
     EMPTY_TAIL,
@@ -166,6 +172,11 @@ class SessionStore:
         """
         opts = StoreOptions(**options)
         objects = object_store_from_url(objects_url)
+        if isinstance(objects, LogObjectStore) and "recent_cache_bytes" not in options:
+            # The recent-segments cache saves a resume one GET a segment; from a local log a
+            # segment is one pread, so the cache would only cost Redis memory and each
+            # COMMIT its copy (docs/performance.md, "The log backend").
+            opts = replace(opts, recent_cache_bytes=0)
         if redis_url is None:
             from store.embedded import embedded_redis_url
 
@@ -256,8 +267,6 @@ class SessionStore:
         time, or the key record could be collected under it. A create that took longer
         than half of ``rebuild_max_age_ms`` (which the GC grace exceeds) starts over with a
         new incarnation instead."""
-        from dataclasses import replace
-
         from store.crypto import SCHEME
 
         bound = self.options.rebuild_max_age_ms / 2000

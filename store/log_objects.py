@@ -64,7 +64,14 @@ from store.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
 )
-from store.file_objects import _O_TMPFILE, _os_error, _removed, _write_all, open_dir, subdirectories
+from store.file_objects import (
+    _O_TMPFILE,
+    _os_error,
+    _removed,
+    _write_all,
+    open_dir,
+    subdirectories,
+)
 from store.object_store import ObjectInfo, ObjectStore, StoredObject, check_key
 
 FaultHook = Callable[[str, dict[str, Any]], None]

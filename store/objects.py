@@ -32,7 +32,6 @@ from store.object_store import (
 )
 from store.s3_objects import S3Config, S3ObjectStore, parse_s3_url
 
-
 #: The backends of a local directory (the embedded Redis runs beside either).
 LOCAL_STORES = (LogObjectStore, FileObjectStore)
 

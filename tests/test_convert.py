@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from compactor.compact import Compactor
+from compactor.config import CompactorOptions
 from store import SessionStore
 from store.cli import main
 from store.convert import StoreInUseError, convert_to_log
@@ -18,9 +20,6 @@ from store.embedded import EmbeddedRedis
 from store.file_objects import FileObjectStore
 from store.log_objects import LogObjectStore
 from store.objects import object_store_from_url
-
-from compactor.compact import Compactor
-from compactor.config import CompactorOptions
 
 
 def _entry(eid: str, parent: str | None, text: str) -> dict[str, Any]:

@@ -28,8 +28,8 @@ from types import FrameType
 from typing import Any, Callable
 
 import pytest
-
 from harness.pausing import InThread, Pause
+
 from store.errors import ObjectExistsError, ObjectNotFoundError
 from store.log_objects import _LOG_PREFIX, LogObjectStore
 

@@ -4,12 +4,20 @@ and pauses."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from harness.pausing import InThread, Pause
 
-from store.log_objects import LogObjectStore
+from store.errors import ObjectExistsError, ObjectNotFoundError
+from store.log_objects import _LOG_PREFIX, LogObjectStore
 from store.object_store import ObjectStore
 from store.testing import ObjectStoreContract
 
@@ -46,17 +54,6 @@ class TestLogObjectStoreNamedTemporaries(ObjectStoreContract):
 
 
 # --- what only a log has ----------------------------------------------------------------------
-
-import multiprocessing as mp  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-from harness.pausing import InThread, Pause  # noqa: E402
-from store.errors import ObjectExistsError, ObjectNotFoundError  # noqa: E402
-from store.log_objects import _PUT_HEAD, _LOG_PREFIX  # noqa: E402
 
 
 def _log_files(root: Path, *dirs: str) -> list[Path]:

@@ -9,12 +9,12 @@ import inspect
 from pathlib import Path
 
 import pytest
-from _pytest.fixtures import FixtureFunctionDefinition
-
 import test_compactor
 import test_multiprocess
 import test_pauses
 import test_store
+from _pytest.fixtures import FixtureFunctionDefinition
+
 from store.log_objects import LogObjectStore
 from store.objects import object_store_from_url
 

@@ -20,7 +20,6 @@ from store.errors import ConditionalWritesUnsupportedError, SessionStoreError
 from store.filesystems import verdict
 from store.layout import LAYOUT_FLAT, LAYOUT_SPREAD, Layout
 from store.layout_record import propose, read_record
-from store.retry import DEFAULT_RETRY
 from store.objects import (
     LOCAL_STORES,
     LogObjectStore,
@@ -29,6 +28,7 @@ from store.objects import (
     object_store_from_url,
     s3_prefix_of,
 )
+from store.retry import DEFAULT_RETRY
 
 #: Redis 6.2 brought XAUTOCLAIM (the compactor's take-over of a dead worker's jobs) and GETDEL.
 MIN_REDIS = (6, 2)

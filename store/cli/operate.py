@@ -12,7 +12,6 @@ from store.cli.common import CliError, Exit, dump_json, err, human_bytes, iso_of
 from store.cli.ctx import Ctx, counted, now_ms
 from store.layout import check_session_id
 
-
 # --- compaction ----------------------------------------------------------------------------------
 
 
