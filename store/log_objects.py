@@ -44,6 +44,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import hmac
 import os
 import stat
 import struct
@@ -147,7 +148,7 @@ class _Log:
         self.live_size = 0
         #: Ids of this process's records not yet met by a catch-up -> their outcome.
         self.pending: dict[bytes, str | None] = {}
-        #: Whether this process made sure the log's name is durable (its directory fsynced).
+        #: Whether this process made sure the log's name is durable (``_make_durable``).
         self.durable = False
         weakref.finalize(self, _close_quietly, fd)
 
@@ -222,16 +223,18 @@ class LogObjectStore(ObjectStore):
 
     # --- records ---------------------------------------------------------------------------
 
-    def _record(self, file_id: bytes, body: bytes) -> bytes:
-        mac = hashlib.blake2b(struct.pack(">I", len(body)), key=self._secret, salt=file_id,
-                              digest_size=_MAC)
-        mac.update(body)
-        return _REC.pack(_REC_MAGIC, len(body), mac.digest()) + body
+    def _mac(self, file_id: bytes, body: bytes | memoryview) -> bytes:
+        """The MAC of a record: keyed with the store's secret, salted with its log's id."""
+        h = hashlib.blake2b(struct.pack(">I", len(body)), key=self._secret, salt=file_id, digest_size=_MAC)
+        h.update(body)
+        return h.digest()
 
-    def _valid(self, file_id: bytes, buf: bytes | memoryview, at: int, length: int, mac: bytes) -> bool:
-        h = hashlib.blake2b(struct.pack(">I", length), key=self._secret, salt=file_id, digest_size=_MAC)
-        h.update(buf[at + _REC.size : at + _REC.size + length])
-        return h.digest() == mac
+    def _record(self, file_id: bytes, body: bytes) -> bytes:
+        return _REC.pack(_REC_MAGIC, len(body), self._mac(file_id, body)) + body
+
+    def _valid(self, file_id: bytes, buf: bytes, at: int, length: int, mac: bytes) -> bool:
+        body = memoryview(buf)[at + _REC.size : at + _REC.size + length]
+        return hmac.compare_digest(self._mac(file_id, body), mac)
 
     @staticmethod
     def _put_body(key: str, nonce: bytes, meta: bytes, data: bytes, time_ns: int = 0) -> bytes:
@@ -741,10 +744,10 @@ class LogObjectStore(ObjectStore):
         if not start.is_dir():
             return
         found: list[ObjectInfo] = []
-        for dirpath, dirnames, filenames in os.walk(start):
+        for dirpath, dirnames, _ in os.walk(start):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            if not any(f.startswith(_LOG_PREFIX) for f in filenames):
-                continue
+            # Every directory is asked, not only those the walk saw a log in: the walk's
+            # listing may have raced a rewrite and seen neither log (``_resolve`` lists again).
             rel = os.path.relpath(dirpath, self.root)
             dirs = () if rel == "." else tuple(rel.split(os.sep))
             try:
@@ -869,25 +872,24 @@ class LogObjectStore(ObjectStore):
             sealed = log.sealed is not None
             empty = not log.live
             heavy = log.dead > log.live_size and log.dead + log.live_size >= self._rewrite_min
-        if sealed:
-            if erased:
-                # Sealed by another process, which may have paused or died before finishing:
-                # finish it, so that what this delete removed leaves the directory first.
-                if not empty:
-                    self._successor(log)
-                self._tidy(log)
-            return
-        if empty or erased or heavy:
-            self.seal(log)
+        if sealed and erased:
+            # Sealed by another process, which may have paused or died before finishing:
+            # finish it, so that what this delete removed leaves the directory first.
+            self._finish_seal(log)
+        elif not sealed and (empty or erased or heavy):
+            self._seal(log)
 
-    def seal(self, log: _Log) -> None:
-        """Append a SEAL to ``log``; the first one in the log counts. Then make the successor
-        (or none, when nothing is live at the seal) and unlink what is superseded."""
-        seal_id = os.urandom(16)
-        _append(log.fd, self._record(log.file_id, _SEAL + seal_id), "/".join(log.dirs))
+    def _seal(self, log: _Log) -> None:
+        """Append a SEAL to ``log`` (the first one in the log counts) and finish it."""
+        _append(log.fd, self._record(log.file_id, _SEAL + os.urandom(16)), "/".join(log.dirs))
         if self._fsync:
             os.fdatasync(log.fd)
         self._hook("log.seal.written", dirs=log.dirs, gen=log.gen)
+        self._finish_seal(log)
+
+    def _finish_seal(self, log: _Log) -> None:
+        """``log`` is sealed: make its successor (none when nothing is live at the seal) and
+        unlink what is superseded. Whoever finds a seal unfinished may do this."""
         with log.lock:
             self._catch_up(log)
             empty = not log.live
