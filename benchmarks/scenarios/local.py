@@ -369,29 +369,31 @@ def _appends(ctx: Context, root: Path) -> None:
     em, ai, fl, fi = s["embedded"], s["aio"], s.get("floor"), s["files"]
     R.fig("local.files.aio_append.p50_ms", fi["p50"], "ms")
     R.fig("local.files.aio_append.p99_ms", fi["p99"], "ms")
-    gain = R.fig("local.embedded_vs_files.ratio_p50", ai["p50"] / fi["p50"], "x")
-    R.row(scenario, "append 1 entry, one thread hop: embedded default (log backend) vs the file backend "
-          "(?format=files), both AsyncSessionStore, p50 / p99",
-          f"{fmt_ms(ai['p50'])} / {fmt_ms(ai['p99'])}", f"{fmt_ms(fi['p50'])} / {fmt_ms(fi['p99'])}",
-          f"p50 {fmt_ratio(gain, ratio_ci(samples['aio'], samples['files'], 50))}")
+
+    def versus(a: str, b: str, figure: str, case: str) -> None:
+        """One row: side ``a`` against side ``b`` (p50 / p99 each), their p50 ratio as
+        ``figure``, with its bootstrap interval."""
+        ratio = R.fig(figure, s[a]["p50"] / s[b]["p50"], "x")
+        R.row(scenario, case, f"{fmt_ms(s[a]['p50'])} / {fmt_ms(s[a]['p99'])}",
+              f"{fmt_ms(s[b]['p50'])} / {fmt_ms(s[b]['p99'])}",
+              f"p50 {fmt_ratio(ratio, ratio_ci(samples[a], samples[b], 50))}")
+
+    versus("aio", "files", "local.embedded_vs_files.ratio_p50",
+           "append 1 entry, one thread hop: embedded default (log backend) vs the file backend "
+           "(?format=files), both AsyncSessionStore, p50 / p99")
     if fl is not None:
         R.fig("local.protocol_floor.p50_ms", fl["p50"], "ms")
         R.fig("local.protocol_floor.p99_ms", fl["p99"], "ms")
-        own = R.fig("local.embedded_vs_protocol_floor.ratio_p50", ai["p50"] / fl["p50"], "x")
-        R.row(scenario, "append 1 entry, one thread hop: embedded default (AsyncSessionStore) vs the protocol's "
-              "floor (no store code: a no-op script's round trip, the record appended to a log and "
-              "fdatasynced, a second round trip), p50 / p99",
-              f"{fmt_ms(ai['p50'])} / {fmt_ms(ai['p99'])}", f"{fmt_ms(fl['p50'])} / {fmt_ms(fl['p99'])}",
-              f"p50 {fmt_ratio(own, ratio_ci(samples['aio'], samples['floor'], 50))}")
-        ff = s["floor_files"]
-        R.fig("local.protocol_floor_files.p50_ms", ff["p50"], "ms")
-        R.fig("local.protocol_floor_files.p99_ms", ff["p99"], "ms")
-        own_files = R.fig("local.files_vs_protocol_floor_files.ratio_p50", fi["p50"] / ff["p50"], "x")
-        R.row(scenario, "append 1 entry, one thread hop: the file backend (AsyncSessionStore) vs its protocol's "
-              "floor (a no-op script's round trip while the file is written and fsynced, link, directory "
-              "fsync, a second round trip), p50 / p99",
-              f"{fmt_ms(fi['p50'])} / {fmt_ms(fi['p99'])}", f"{fmt_ms(ff['p50'])} / {fmt_ms(ff['p99'])}",
-              f"p50 {fmt_ratio(own_files, ratio_ci(samples['files'], samples['floor_files'], 50))}")
+        versus("aio", "floor", "local.embedded_vs_protocol_floor.ratio_p50",
+               "append 1 entry, one thread hop: embedded default (AsyncSessionStore) vs the protocol's "
+               "floor (no store code: a no-op script's round trip, the record appended to a log and "
+               "fdatasynced, a second round trip), p50 / p99")
+        R.fig("local.protocol_floor_files.p50_ms", s["floor_files"]["p50"], "ms")
+        R.fig("local.protocol_floor_files.p99_ms", s["floor_files"]["p99"], "ms")
+        versus("files", "floor_files", "local.files_vs_protocol_floor_files.ratio_p50",
+               "append 1 entry, one thread hop: the file backend (AsyncSessionStore) vs its protocol's "
+               "floor (a no-op script's round trip while the file is written and fsynced, link, directory "
+               "fsync, a second round trip), p50 / p99")
     if "sqlite" not in samples:
         R.row(scenario, "append 1 entry: embedded default, direct / AsyncSessionStore, p50 / p99",
               f"{fmt_ms(em['p50'])} / {fmt_ms(em['p99'])}; {fmt_ms(ai['p50'])} / {fmt_ms(ai['p99'])}",
@@ -421,16 +423,12 @@ def _appends(ctx: Context, root: Path) -> None:
     R.row(scenario, "add_items of 1 item: embedded default (OpenAI adapter) vs SQLiteSession add_items",
           f"{fmt_ms(ad['p50'])} / {fmt_ms(ad['p99'])}", f"{fmt_ms(sq['p50'])} / {fmt_ms(sq['p99'])}",
           f"p50 {fmt_ratio(adapter)}")
-    files_vs = R.fig("local.files_vs_sqlite.ratio_p50", fi["p50"] / sq["p50"], "x")
-    R.row(scenario, "append 1 entry, one thread hop: the file backend (AsyncSessionStore) vs SQLiteSession add_items",
-          f"{fmt_ms(fi['p50'])} / {fmt_ms(fi['p99'])}", f"{fmt_ms(sq['p50'])} / {fmt_ms(sq['p99'])}",
-          f"p50 {fmt_ratio(files_vs, ratio_ci(samples['files'], samples['sqlite'], 50))}")
+    versus("files", "sqlite", "local.files_vs_sqlite.ratio_p50",
+           "append 1 entry, one thread hop: the file backend (AsyncSessionStore) vs SQLiteSession add_items")
     if fl is not None:
-        reach = R.fig("local.protocol_floor_vs_sqlite.ratio_p50", fl["p50"] / sq["p50"], "x")
-        R.row(scenario, "the protocol's floor (one thread hop, no store code) vs SQLiteSession add_items: what "
-              "is left for the store's own work under the target",
-              f"{fmt_ms(fl['p50'])} / {fmt_ms(fl['p99'])}", f"{fmt_ms(sq['p50'])} / {fmt_ms(sq['p99'])}",
-              f"p50 {fmt_ratio(reach, ratio_ci(samples['floor'], samples['sqlite'], 50))}")
+        versus("floor", "sqlite", "local.protocol_floor_vs_sqlite.ratio_p50",
+               "the protocol's floor (one thread hop, no store code) vs SQLiteSession add_items: what "
+               "is left for the store's own work under the target")
 
 
 def _resumes(ctx: Context, root: Path) -> None:
