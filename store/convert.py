@@ -11,6 +11,11 @@ either the whole old store or the whole new one. The old store is kept beside it
 with its Redis state; the new store starts with an empty embedded Redis, which the store
 rebuilds from the objects session by session (as after any loss of Redis). A failure before
 the swap leaves the old store as it was and removes the half-made copy.
+
+What the start lock keeps out is the embedded default's processes: a process that uses the
+directory with a Redis of its own (``--redis``) needs no embedded server, so only the check
+of open files stands between it and the conversion. Stop those processes first: one that
+wrote during the copy would have written into the store that is kept aside.
 """
 
 from __future__ import annotations
