@@ -223,7 +223,7 @@ class Appender:
                     if self._commit(sid, header, n, writing, key, riders):
                         ctx.fault("append.after_commit", session_id=sid, seq=n + 1)
                         riders = ()
-                        return AppendResult(sid, n + 1, batch.last_id, len(batch.ids))
+                        return AppendResult(sid, n + 1, batch.last_id, len(batch.ids), len(writing.ids))
                 # A zombie (we re-created a slot that compaction had retired), deleted again,
                 # or the slot is someone else's: a group's riders go back to their writers
                 # (each CHECK decides whether its batch is in the session), and we go on alone.

@@ -20,10 +20,16 @@ from store.migrations import CURRENT_SCHEMA as HEADER_SCHEMA  # noqa: E402
 @dataclass(frozen=True, slots=True)
 class AppendResult:
     session_id: str
-    #: The segment the batch was committed as.
+    #: The segment the batch was committed in. Without an expected tail, the batches of
+    #: writers queued on the session may share it (group commit): see ``segment_entries``.
     seq: int
     last_appended_entry_id: str
     appended_count: int
+    #: How many entries segment ``seq`` holds, when this call wrote it: ``appended_count``
+    #: when the segment is this batch alone, more when other writers' batches rode in it
+    #: after this one. None when the call found its batch committed already (a re-send, or
+    #: a batch that rode in another writer's segment): the segment may hold other batches.
+    segment_entries: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

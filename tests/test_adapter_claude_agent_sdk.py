@@ -61,6 +61,9 @@ from store.adapters.claude_agent_sdk import (
 )
 from store.aio import AsyncSessionStore
 from store.embedded import EmbeddedRedis
+from harness.pausing import InThread, Pause
+from test_group_commit import offers
+from test_fair_appends import wait_for
 
 FIXTURE = Path(__file__).parent / "fixtures" / "claude" / "projects" / "-work-demo"
 SID = "8f14e45f-ceea-467a-9af0-7a1a0bc1e9d2"
@@ -230,6 +233,77 @@ def test_store_backed_functions_on_a_claude_code_transcript(
             assert {s["session_id"] for s in await cc.list_sessions(project_key)} == {SID, fork.session_id}
 
     asyncio.run(run())
+
+
+# --- group commit: batches of several writers in one segment --------------------------------
+
+
+def test_batches_that_share_a_segment_are_all_in_the_summary(make_store: Any) -> None:
+    """Two writers queue behind a third that holds the claim on the transcript's next segment;
+    the first of them writes both batches as one segment (group commit). Each writer then
+    folds the summary, the second only after the first has committed its fold: the summary
+    must hold both batches (a fold of only the writer's own batch, taken for the whole
+    segment, lost the other's title or last prompt)."""
+    key = {"project_key": "-group", "session_id": "shared-segment"}
+    seed = ClaudeSessionStore(AsyncSessionStore(make_store()))
+    sid, isid = seed.session_id_for(key), seed.index_id("-group")
+    hold = Pause("append.before_put", lambda c: c.get("session_id") == sid)
+    # Each rider-or-leader stops before its summary's CHECK on the index, until told.
+    fold_a = Pause("append.before_check", lambda c: c.get("session_id") == isid)
+    fold_b = Pause("append.before_check", lambda c: c.get("session_id") == isid)
+    stores = {name: make_store(fault_hook=hook) for name, hook in
+              (("h", hold), ("a", fold_a), ("b", fold_b))}
+
+    def user(u: str) -> dict[str, Any]:
+        return {"type": "user", "uuid": u, "timestamp": "2026-11-27T10:00:00.000Z",
+                "message": {"role": "user", "content": f"prompt {u}"}}
+
+    batches = {
+        "h": [user("h")],
+        "a": [user("a"), {"type": "custom-title", "customTitle": "title from a", "uuid": "a-title"}],
+        "b": [user("b"), {"type": "last-prompt", "lastPrompt": "last prompt from b"}],
+    }
+
+    def writer(name: str) -> InThread:
+        async def run() -> None:
+            async with ClaudeSessionStore(AsyncSessionStore(stores[name])) as cc:
+                await cc.append(key, batches[name])
+
+        return InThread(lambda: asyncio.run(run()))
+
+    async def seed_session() -> None:
+        await seed.append(key, [user("first")])
+
+    asyncio.run(seed_session())
+    h = writer("h")
+    hold.wait_paused()
+    a = writer("a")
+    wait_for(lambda: len(offers(stores["h"], sid)) == 1, "a queued with its offer")
+    b = writer("b")
+    wait_for(lambda: len(offers(stores["h"], sid)) == 2, "b queued with its offer")
+    hold.release()
+    h.result()
+    fold_a.wait_paused()
+    fold_b.wait_paused()
+    fold_a.release()
+    a.result()
+    fold_b.release()
+    b.result()
+
+    async def check() -> None:
+        async with seed:
+            loaded = await seed.load(key)
+            assert loaded is not None
+            [summary] = await seed.list_session_summaries("-group")
+            assert summary["data"] == fold_session_summary(None, key, loaded)["data"]  # type: ignore[arg-type]
+            assert summary["data"]["custom_title"] == "title from a"
+            assert summary["data"]["last_prompt"] == "last prompt from b"
+
+    # The premise: a's and b's batches were committed as one segment.
+    data = stores["h"].read_session(sid)
+    seq_of = {e["id"]: s for e, s in zip(data.entries, data.seqs)}
+    assert seq_of["u.a"] == seq_of["u.b"] != seq_of["u.h"]
+    asyncio.run(check())
 
 
 # --- many writer processes, then a resume elsewhere -------------------------------------------

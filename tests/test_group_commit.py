@@ -81,10 +81,13 @@ def test_writers_queued_behind_a_claim_ride_in_one_segment(
     stores = [make_store() for _ in range(3)]
     waiters = queue_behind(
         hold, lambda i: InThread(lambda: stores[i].append_session_entries(
-            "g", [entry(f"w{i}", "a"), entry(f"w{i}x", f"w{i}")]).seq), 3, base, "g")
+            "g", [entry(f"w{i}", "a"), entry(f"w{i}x", f"w{i}")])), 3, base, "g")
     hold.release()
     assert h.result() == 2
-    assert [w.result() for w in waiters] == [3, 3, 3]
+    results = [w.result() for w in waiters]
+    assert [r.seq for r in results] == [3, 3, 3]
+    # The leader wrote the segment and says how much it holds; the riders cannot know.
+    assert [r.segment_entries for r in results] == [6, None, None]
     assert segments(base, "g") == [["a"], ["h"], ["w0", "w0x", "w1", "w1x", "w2", "w2x"]]
     assert queued(base, "g") == []
     coord = base.coord

@@ -45,7 +45,9 @@ agrees on; each writer's calls in its own order).
 ``del`` when it is deleted (naming the incarnations it ended), and ``sum``: the SDK's
 ``fold_session_summary`` output for a main transcript, with ``through`` (the transcript's
 last segment it folded) and ``mtime``. After each append to a main transcript the writer folds
-what the summary lacks (its own batch, or the segments after ``through``, read incrementally)
+what the summary lacks (its own batch, when its segment holds nothing else, or the segments
+after ``through``, read incrementally: a segment may hold other writers' batches too, see
+``AppendResult.segment_entries``)
 and appends the new ``sum`` with ``expected_tail_entry_id`` = the index's tail it read: a
 compare-and-set (a ``sum`` whose fold changed nothing carries no ``data``, only ``through`` and
 ``mtime``). On ``ConflictError`` it reads the index's new records and folds again, so
@@ -479,18 +481,18 @@ class ClaudeSessionStore(SdkSessionStore):
         """Append the chunk's entries that the session does not hold yet.
 
         Returns the result (None when nothing was left to append) and the entries committed
-        as exactly that segment when that is known (None when the result may stand for a
-        segment appended earlier by someone else)."""
+        as exactly that segment when that is known (None when the segment may hold other
+        batches: a re-send answered with an earlier result, or a group commit)."""
         pending = chunk
-        filtered = False
         for _ in range(20):
             if not pending:
                 return None, None
             try:
                 res = await self._send(sid, pending)
-                # A re-sent batch returns the original result: the same entries (their
-                # content names this batch), as one segment.
-                return res, (None if filtered else pending)
+                # The segment is exactly these entries only when this call wrote it with no
+                # other writer's batch riding in it (group commit); a re-sent batch, or one
+                # that rode in another writer's segment, says nothing of the segment's rest.
+                return res, (pending if res.segment_entries == len(pending) else None)
             except SessionNotFoundError:
                 await self._register(key)
                 await self._ensure_session(sid, self._pi_header(sid, self._describe(key)))
@@ -503,7 +505,6 @@ class ClaudeSessionStore(SdkSessionStore):
                     continue
                 stored = {e["id"] for e in data.entries}
                 pending = [e for e in chunk if e["id"] not in stored]
-                filtered = True
         raise IndeterminateError(f"session {sid!r}: the batch kept colliding with other writers")
 
     @staticmethod
