@@ -29,7 +29,8 @@ class AppendResult:
     #: when the segment is this batch alone, more when other writers' batches rode in it
     #: after this one. None when the call found its batch committed already (a re-send, or
     #: a batch that rode in another writer's segment): the segment may hold other batches.
-    segment_entries: int | None = None
+    #: Not part of equality: a re-sent batch's result equals the original's.
+    segment_entries: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
