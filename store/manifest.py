@@ -268,7 +268,7 @@ class ManifestStore:
     def latest(self, sid: str, inc: str) -> Manifest | None:
         """The newest manifest, or None. Listings are strongly consistent (S3 since 2020,
         MinIO, R2, SeaweedFS): the newest listed is the newest; one created after the
-        listing is caught by ``newer_exists`` at the end of a read."""
+        listing is caught by ``retired_since`` at the end of a read."""
         while True:
             gens = self.generations(sid, inc)
             if not gens:
@@ -292,19 +292,34 @@ class ManifestStore:
         self._remember(sid, inc, manifest, len(obj.data))
         return manifest
 
-    def newer_exists(self, sid: str, inc: str, manifest: Manifest | None) -> bool:
-        """Does a manifest newer than ``manifest`` exist? One LIST from its generation on.
+    def retired_since(self, sid: str, inc: str, manifest: Manifest | None, slot: int) -> bool:
+        """May slot ``slot`` have been retired (and so deleted by GC) by a manifest newer
+        than ``manifest``? Asked *after* a read's 404 at ``slot``, to tell whether that 404
+        was the session's true end (docs/design.md, "Pauses").
 
-        The newest manifest is never deleted, so any manifest newer than ours that ever
-        existed is still listed (a HEAD of the next generation alone would miss one that GC
-        removed behind a newer one)."""
+        One LIST from ``manifest``'s generation on; only when a newer manifest is listed, a
+        GET of the newest. The newest manifest is never deleted, so any manifest newer than
+        ours that ever existed is still listed or has a newer one listed (a HEAD of the next
+        generation alone would miss one that GC removed behind a newer one). Each manifest covers at least the slots of the one before it, so
+        the newest (never deleted) covers every slot any manifest ever retired: if its
+        ``through_seq`` is below ``slot``, no manifest retired ``slot``, and the 404 was
+        true. A read overlapping compactions that merged only what it had read already is
+        not sent back to start over (which, with a compaction landing more often than a read
+        takes, started it over and over: "segments kept disappearing")."""
+        while True:
+            gens = self._newer_generations(sid, inc, manifest)
+            if not gens:
+                return False
+            newest = self.cached(sid, inc, gens[-1]) or self.get(sid, inc, gens[-1])
+            if newest is not None:
+                return newest.through_seq >= slot
+            # Deleted between the LIST and the GET: a newer one exists. List again.
+
+    def _newer_generations(self, sid: str, inc: str, manifest: Manifest | None) -> list[int]:
         prefix = self.layout.manifest_prefix(sid, inc)
         after = self.layout.manifest(sid, inc, manifest.generation) if manifest else None
-
-        def any_newer() -> bool:
-            return any(i.key.endswith(".json") for i in self.objects.list(prefix, after))
-
-        return self.retry.call(any_newer)
+        keys = self.retry.call(lambda: [i.key for i in self.objects.list(prefix, after)])
+        return sorted(Layout.seq_of(k) for k in keys if k.endswith(".json"))
 
     def create(self, sid: str, inc: str, generation: int, body: dict[str, Any], nonce: str) -> bool:
         """Create manifest ``generation`` if absent. True if ours is the one that exists.

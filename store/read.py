@@ -232,8 +232,9 @@ class Reader:
 
         GC deletes a slot only after Redis's ``cseq`` was raised past it (RETIRED), so when
         Redis holds the incarnation's state, ``cseq < end`` read now proves the slot was never
-        deleted: one Redis round trip. Otherwise one LIST: no manifest newer than ours (slots
-        after the newest manifest are never deleted)."""
+        deleted: one Redis round trip. Otherwise one LIST: no manifest newer than ours that
+        covers ``end`` (slots after the newest manifest are never deleted;
+        ``ManifestStore.retired_since``)."""
         ctx = self.ctx
         if redis_ok:
             try:
@@ -242,7 +243,7 @@ class Reader:
                 retired = None
             if retired is not None:
                 return retired < end
-        return not ctx.manifests.newer_exists(sid, inc, manifest)
+        return not ctx.manifests.retired_since(sid, inc, manifest, end)
 
     def _known_segments(
         self, sid: str, inc: str, first: int, *, hint: TailState | None
@@ -324,7 +325,7 @@ class Reader:
         ids: EntryIds | None = None,
     ) -> Iterator[tuple[int, tuple[Entries, int]]]:
         """Segments ``seq``, ``seq + 1``, ... one GET at a time, until the first 404 (the
-        caller decides whether to trust it: ``ManifestStore.newer_exists``). ``first``: the
+        caller decides whether to trust it: ``ManifestStore.retired_since``). ``first``: the
         segment ``seq`` already fetched."""
         got = first if first is not None else self._get_segment(sid, inc, seq, schema, ids)
         while got is not None:
@@ -382,11 +383,11 @@ class Reader:
                     out.extend(fn(e) for e in entries)
                     last = str(entries[-1]["id"]) if entries else last
                     del entries
-                first = manifest.through_seq + 1 if manifest else 1
-                for _, (seg_entries, _size) in self._segments_from(sid, inc, header.schema, first):
+                seq = manifest.through_seq if manifest else 0
+                for seq, (seg_entries, _size) in self._segments_from(sid, inc, header.schema, seq + 1):
                     out.extend(fn(e) for e in seg_entries)
                     last = str(seg_entries[-1]["id"]) if seg_entries else last
-                if self.ctx.manifests.newer_exists(sid, inc, manifest):
+                if self.ctx.manifests.retired_since(sid, inc, manifest, seq + 1):
                     raise SegmentRetired()
                 return out, last
             except SegmentRetired:
@@ -400,7 +401,8 @@ class Reader:
         """Entries committed after segment ``last`` as (seq, entry), and the new last seq.
 
         The same rules as a whole read: segments after the newest manifest, then, after the
-        404 that ends them, no manifest newer than the one we started from; otherwise (or
+        404 that ends them, no manifest newer than the one we started from that covers the
+        404's slot (``ManifestStore.retired_since``); otherwise (or
         when the manifest already covers segments after ``last``) a whole read, filtered.
         """
         ctx = self.ctx
@@ -411,7 +413,7 @@ class Reader:
             seq = last
             for seq, (seg_entries, _size) in self._segments_from(sid, inc, header.schema, last + 1):
                 out.extend((seq, entry) for entry in seg_entries)
-            if not ctx.manifests.newer_exists(sid, inc, manifest):
+            if not ctx.manifests.retired_since(sid, inc, manifest, seq + 1):
                 return out, seq
         data = self.read(sid, header, use_hint=True)
         fresh = [(s, e) for e, s in zip(data.entries, data.seqs) if s > last]

@@ -378,6 +378,39 @@ def test_a_reader_led_by_a_stale_manifest_hint_reads_the_newest(
     assert [e["id"] for e in reader.load_session_entries("m")] == [f"e{i}" for i in range(6)]
 
 
+def test_a_reader_overlapping_compactions_of_what_it_read_does_not_start_over(
+    make_store: Callable[..., SessionStore], clock: FakeClock
+) -> None:
+    """Redis holds no state of the session (lost), so a reader proves its probe's 404 with a
+    LIST of the manifests. Every time it gets there, a compactor has just merged the segments
+    it read and a writer has appended one more (the slot it probed): a newer manifest exists,
+    but it does not cover the probed slot, so the 404 was the true end. The reader must
+    return the session as of its probe, not start over (nine times, then "segments kept
+    disappearing while reading", as the soak saw with compactions landing faster than a read
+    took)."""
+    w = make_store()
+    w.create_session("lv")
+    last = chain(w, "lv", ["e0", "e1", "e2"])
+    c = compactor_for(w, clock)
+    hits: list[int] = []
+
+    def race(point: str, ctx: dict[str, Any]) -> None:
+        nonlocal last
+        if point != "read.before_manifest_check" or len(hits) >= 12:
+            return
+        hits.append(1)
+        assert c.compact_session("lv").outcome == "compacted"  # merges what the reader read
+        n = len(hits) + 2
+        last = chain(w, "lv", [f"e{n}"], last)  # the slot the reader probed
+        w.coord.client.flushall()  # and Redis's state is lost again
+
+    reader = make_store(fault_hook=race)
+    w.coord.client.flushall()
+    assert [e["id"] for e in reader.load_session_entries("lv")] == ["e0", "e1", "e2"]
+    assert len(hits) == 1  # one attempt: the newer manifest covers only what it had read
+    assert [e["id"] for e in make_store().load_session_entries("lv")] == ["e0", "e1", "e2", "e3"]
+
+
 def test_reader_paused_after_reading_the_manifest_sees_the_same_session(
     make_store: Callable[..., SessionStore], clock: FakeClock
 ) -> None:
