@@ -8,6 +8,7 @@ import heapq
 import os
 import threading
 from dataclasses import dataclass
+from http.client import HTTPException
 from typing import Any, Iterator, Mapping, Sequence
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -428,6 +429,7 @@ def _s3_error(exc: Exception, key: str, *, writing: bool = False) -> Exception:
     from botocore.exceptions import (
         ConnectionError as BotoConnectionError,
     )
+    from urllib3.exceptions import HTTPError as URLLib3HTTPError
 
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
@@ -448,6 +450,11 @@ def _s3_error(exc: Exception, key: str, *, writing: bool = False) -> Exception:
         return BackendRefusedError(f"S3 credentials missing for {key!r}: {exc}")
     if isinstance(exc, (BotoConnectionError, HTTPClientError, BotoCoreError, OSError)):
         return BackendUnavailableError(f"S3 request for {key!r} failed: {exc}")
+    if isinstance(exc, (URLLib3HTTPError, HTTPException)):
+        # The HTTP library's own, where botocore lets it through: an error response (404,
+        # 412, 503) whose XML body botocore reads outside its transport's translation, cut
+        # by a reset ("Connection broken"). What the server said is unknown: retryable.
+        return BackendUnavailableError(f"S3 request for {key!r} failed: {exc!r}")
     return exc
 
 

@@ -105,6 +105,47 @@ def test_writer_without_expected_tail_rolls_forward_a_dead_writers_segment(
     assert [e["id"] for e in live.load_session_entries("rf2")] == ["a", "b", "c"]
 
 
+# --- a response cut inside its body ----------------------------------------------------------
+
+
+def test_a_response_cut_inside_its_body_is_a_typed_error_and_retried(
+    s3_proxy: Any, redis_url: str, redis_prefix: str
+) -> None:
+    """The connection is reset after the status, the headers and half the body of a response
+    (urllib3's "Connection broken: ConnectionResetError" inside the body): a listing, an
+    object's GET, and the error responses whose XML body botocore reads outside its
+    transport's translation (the 404 of a reader's probe past the tail, the 412 of a create
+    that lost). Each fails with ``BackendUnavailableError``, never the HTTP library's own
+    exception (the 404 read as urllib3's ``ProtocolError``, which no retry knew, in the
+    soak); the store retries them, so a read through it returns the session."""
+    store = SessionStore.from_url(s3_proxy.url, redis_url, redis_prefix=redis_prefix)
+    store.create_session("cut")
+    store.append_session_entries("cut", [entry("a", None)])
+    inc = store.get_header("cut").incarnation
+    key = store.layout.segment("cut", inc, 1)
+    calls: list[Callable[[], object]] = [
+        lambda: list(store.objects.list(store.layout.segment_prefix("cut", inc))),
+        lambda: store.objects.get(key),
+        lambda: store.objects.get(store.layout.segment("cut", inc, 2)),  # 404
+        lambda: store.objects.put_if_absent(key, b"{}\n"),  # 412
+    ]
+    for call in calls:
+        s3_proxy.cut_next_response()
+        with pytest.raises(BackendUnavailableError):
+            call()
+        s3_proxy.heal()
+    assert s3_proxy.stats()["cut_responses"] == len(calls)
+    reader = SessionStore.from_url(s3_proxy.url, redis_url, redis_prefix=redis_prefix)
+    reader.coord.client.flushall()  # no hint: the read LISTs
+    for _ in range(3):
+        s3_proxy.cut_next_response()
+        assert [e["id"] for e in reader.load_session_entries("cut")] == ["a"]
+        s3_proxy.heal()
+    assert s3_proxy.stats()["cut_responses"] == len(calls) + 3
+    store.close()
+    reader.close()
+
+
 # --- the PUT landed but its response was lost ------------------------------------------------
 
 

@@ -4,6 +4,8 @@
         client = s3_client(proxy.endpoint_url)   # or redis.Redis.from_url(proxy.redis_url())
         proxy.drop_next_response()               # the server does the work, the client never
                                                  # hears back: its connection is closed
+        proxy.cut_next_response()                # the client gets the head and half the body,
+                                                 # then a reset
         proxy.blackhole()                        # accept, never answer (client read timeouts)
         proxy.delay(0.5, direction="response")   # hold data for 0.5 s
         proxy.reset_connections()                # RST every open connection now
@@ -19,6 +21,10 @@ Fault semantics:
   connection, the proxy closes that connection (both sides, FIN) instead of forwarding them.
   The request has reached the server and been processed (the server was already answering).
   Interim ``HTTP/1.x 1xx`` responses (``100 Continue``) are passed through and do not count.
+* ``cut_next_response(n)``: the next ``n`` final responses (on any connection) are passed on
+  as their head and half the body bytes that came with it; 0.2 s later (the client has read
+  them and waits for the rest) the connection is reset (RST) on both sides. The client's
+  HTTP library fails inside the body, after it had the status and headers.
 * ``blackhole()``: every open connection and every new one is accepted and read, but nothing
   is forwarded in either direction (queued data is discarded). Those connections can never
   carry an answer again: :meth:`heal` resets them.
@@ -49,6 +55,8 @@ __all__ = ["TcpProxy"]
 _CHUNK = 65536
 _BACKLOG_LIMIT = 4 * 1024 * 1024  # stop reading a side while this much waits for its peer
 _EOF = None  # queue marker: shut down the write side of the destination
+_RST: Any = object()  # queue marker: reset the connection (cut_next_response)
+_CUT_HOLD_S = 0.2
 
 _LIVE: weakref.WeakSet[TcpProxy] = weakref.WeakSet()
 
@@ -115,7 +123,7 @@ class _Conn:
         return self.upstream if sock is self.client else self.client
 
     def backlog(self, sock: socket.socket) -> int:
-        return sum(len(d) for _, d in self.out.get(sock, ()) if d)
+        return sum(len(d) for _, d in self.out.get(sock, ()) if isinstance(d, bytes))
 
 
 class TcpProxy:
@@ -149,8 +157,10 @@ class TcpProxy:
         # fault state (touched only on the loop thread)
         self._blackhole = False
         self._drops_pending = 0
+        self._cuts_pending = 0
         self._delay = {"request": 0.0, "response": 0.0}
-        self._stats = {"accepted": 0, "dropped_responses": 0, "reset": 0, "upstream_failures": 0}
+        self._stats = {"accepted": 0, "dropped_responses": 0, "cut_responses": 0, "reset": 0,
+                       "upstream_failures": 0}
 
     # -- info ----------------------------------------------------------------------------
 
@@ -251,6 +261,16 @@ class TcpProxy:
 
         self._call(arm)
 
+    def cut_next_response(self, n: int = 1) -> None:
+        """The next ``n`` responses: their head and half their body, then a reset."""
+        if n < 1:
+            raise ValueError("n must be >= 1")
+
+        def arm() -> None:
+            self._cuts_pending += n
+
+        self._call(arm)
+
     def blackhole(self) -> None:
         """Accept connections but never forward anything again, until :meth:`heal`."""
 
@@ -296,6 +316,7 @@ class TcpProxy:
         def go() -> None:
             self._blackhole = False
             self._drops_pending = 0
+            self._cuts_pending = 0
             self._delay = {"request": 0.0, "response": 0.0}
             now = time.monotonic()
             for conn in list(self._conns.values()):
@@ -452,15 +473,30 @@ class TcpProxy:
         if conn.doomed or self._blackhole:
             conn.doomed = True
             return  # swallowed
-        if sock is conn.upstream and (self._drops_pending > 0 or conn.sniff):
+        if sock is conn.upstream and (self._drops_pending > 0 or self._cuts_pending > 0 or conn.sniff):
             buf, conn.sniff = conn.sniff + data, b""
-            if self._drops_pending <= 0:
+            if self._drops_pending <= 0 and self._cuts_pending <= 0:
                 self._enqueue(conn, conn.client, buf, now)
                 return
             interim, rest, verdict = _interim_split(buf)
             if interim:
                 self._enqueue(conn, conn.client, interim, now)
-            if verdict == "final":
+            if verdict == "final" and self._drops_pending <= 0:
+                head = rest.find(b"\r\n\r\n")
+                if head >= 0 and b"\ncontent-length: 0\r" in rest[:head + 2].lower():
+                    self._enqueue(conn, conn.client, rest, now)  # no body to cut: the next one
+                    return
+                if head < 0 or len(rest) < head + 6:
+                    conn.sniff = rest  # the head and two body bytes, at least: read more
+                    return
+                self._cuts_pending -= 1
+                self._stats["cut_responses"] += 1
+                cut = head + 4 + (len(rest) - head - 4) // 2
+                conn.doomed = True  # whatever else the server sends is swallowed
+                conn.out[conn.client].append((now, rest[:cut]))
+                conn.out[conn.client].append((now + _CUT_HOLD_S, _RST))
+                self._flush(conn, conn.client, now)
+            elif verdict == "final":
                 self._drops_pending -= 1
                 self._stats["dropped_responses"] += 1
                 self._close(conn, rst=False)
@@ -483,6 +519,10 @@ class TcpProxy:
         while pending and not conn.closed:
             due, data = pending[0]
             if due > now:
+                return
+            if data is _RST:
+                pending.popleft()
+                self._close(conn, rst=True)
                 return
             if data is _EOF:
                 pending.popleft()
