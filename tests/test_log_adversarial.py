@@ -32,15 +32,12 @@ from harness.pausing import InThread, Pause
 
 from store.errors import ObjectExistsError, ObjectNotFoundError
 from store.log_objects import _LOG_PREFIX, LogObjectStore
+from test_log_objects import _log_files, paused_removal
 
 REPO = str(Path(__file__).resolve().parents[1])
 
 
 # --- helpers --------------------------------------------------------------------------------------
-
-
-def _log_files(root: Path, *dirs: str) -> list[Path]:
-    return sorted(p for p in root.joinpath(*dirs).iterdir() if p.name.startswith(_LOG_PREFIX))
 
 
 def _files_holding(root: Path, needle: bytes) -> list[str]:
@@ -200,11 +197,7 @@ def test_two_deleters_of_a_directory_s_last_object_leave_no_directory(tmp_path: 
     names it for ever (the contract: list_dirs gives directories that hold objects). Now a
     deleter that meets a sealed log deletes only what is live as of its seal: here nothing."""
     root = tmp_path / "objects"
-    pause = Pause("log.tidy.before_lock")
-    remover = LogObjectStore(root, fault_hook=pause)
-    remover.put_if_absent("s/x/k", b"x")
-    removal = InThread(lambda: remover.delete("s/x/k"))
-    pause.wait_paused()
+    pause, removal = paused_removal(root, "s/x/k", b"x")
     other = LogObjectStore(root)
     other.delete("s/x/k")
     pause.release()

@@ -60,6 +60,17 @@ def _log_files(root: Path, *dirs: str) -> list[Path]:
     return sorted(p for p in root.joinpath(*dirs).iterdir() if p.name.startswith(_LOG_PREFIX))
 
 
+def paused_removal(root: Path, key: str, data: bytes) -> tuple[Pause, InThread]:
+    """A store that put ``key`` and is deleting it, stopped before its tidy-up takes the
+    directory's exclusive lock (``log.tidy.before_lock``): its log sealed, nothing unlinked."""
+    pause = Pause("log.tidy.before_lock")
+    remover = LogObjectStore(root, fault_hook=pause)
+    remover.put_if_absent(key, data)
+    removal = InThread(lambda: remover.delete(key))
+    pause.wait_paused()
+    return pause, removal
+
+
 def _put_record(store: LogObjectStore, log_file: Path, name: str, data: bytes) -> bytes:
     """A whole PUT record for ``log_file``, as a writer of ``store`` would append it."""
     file_id = log_file.read_bytes()[8:24]
@@ -272,11 +283,7 @@ def test_a_remover_paused_before_unlinking_never_unlinks_a_later_log(tmp_path: P
     directory begun again with a new log of the same name as the remover's. The remover
     checks under its lock that the name is still its file: the new log stays."""
     root = tmp_path / "objects"
-    pause = Pause("log.tidy.before_lock")
-    remover = LogObjectStore(root, fault_hook=pause)
-    remover.put_if_absent("d/a", b"a")
-    removal = InThread(lambda: remover.delete("d/a"))
-    pause.wait_paused()
+    pause, removal = paused_removal(root, "d/a", b"a")
     assert [p.name for p in _log_files(root, "d")] == [f"{_LOG_PREFIX}00000000"]
     other = LogObjectStore(root)
     other.put_if_absent("d/b", b"b")  # meets the seal: successor .log.00000001

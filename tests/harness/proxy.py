@@ -253,23 +253,17 @@ class TcpProxy:
 
     def drop_next_response(self, n: int = 1) -> None:
         """The next ``n`` responses are swallowed and their connections closed."""
-        if n < 1:
-            raise ValueError("n must be >= 1")
-
-        def arm() -> None:
-            self._drops_pending += n
-
-        self._call(arm)
+        self._arm("_drops_pending", n)
 
     def cut_next_response(self, n: int = 1) -> None:
         """The next ``n`` responses: their head and half their body, then a reset."""
+        self._arm("_cuts_pending", n)
+
+    def _arm(self, counter: str, n: int) -> None:
+        """Add ``n`` to a fault's count of responses still to meet it, on the loop thread."""
         if n < 1:
             raise ValueError("n must be >= 1")
-
-        def arm() -> None:
-            self._cuts_pending += n
-
-        self._call(arm)
+        self._call(lambda: setattr(self, counter, getattr(self, counter) + n))
 
     def blackhole(self) -> None:
         """Accept connections but never forward anything again, until :meth:`heal`."""
