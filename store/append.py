@@ -323,7 +323,7 @@ class Appender:
         if is_ours(obj, nonce):
             if attempts > 1:
                 log.info("segment %s: a resent PUT found our own earlier attempt", key)
-            return "ours"
+            return self._flushed(key)
         return obj
 
     def _put_outcome_unknown(
@@ -342,7 +342,20 @@ class Appender:
             raise IndeterminateError(
                 f"segment {key!r}: outcome unknown ({exc}); re-sending the same batch is safe"
             ) from exc
-        return "ours" if is_ours(obj, nonce) else obj
+        return self._flushed(key) if is_ours(obj, nonce) else obj
+
+    def _flushed(self, key: str) -> Literal["ours"]:
+        """Our own segment, met again by a re-sent PUT or a look after a failure: the
+        attempt that wrote it may have failed before it was durable (a failed or cut-short
+        flush), so it is made durable before it is committed (``ObjectStore.flush``)."""
+        try:
+            self.ctx.options.retry.call(lambda: self.ctx.objects.flush(key))
+        except BackendError as exc:
+            raise IndeterminateError(
+                f"segment {key!r}: written, but could not be made durable ({exc}); "
+                "re-sending the same batch is safe"
+            ) from exc
+        return "ours"
 
     # --- 4. COMMIT, and is our segment live? --------------------------------------------------
 

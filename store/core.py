@@ -596,6 +596,12 @@ class SessionStore:
             "parentSession": sid,
         }
         fork = ForkPoint(sid, source.header.incarnation, from_entry_id, seq, new_ref_token())
+        if seq > 0:
+            # The fork's header, durable, names its fork point: the segment that holds it is
+            # made durable first (its writer may have paused before its flush; docs/design.md,
+            # "Durable before Redis hears of it").
+            at = self.layout.segment(sid, source.header.incarnation, seq)
+            self.options.retry.call(lambda: self.objects.flush(at))
         # Registered before the header exists, checked after (store/retention.py,
         # ``live_forks``): a purge of the source either sees this fork or this fork sees the
         # source in the trash and undoes itself.

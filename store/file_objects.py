@@ -333,6 +333,28 @@ class FileObjectStore(ObjectStore):
         if self._fault is not None:
             self._fault(point, ctx)
 
+    def flush(self, key: str) -> None:
+        """``ObjectStore.flush``: the object's bytes were fsynced before its name appeared;
+        its name, and the directories above it, are fsynced here (its creator may have died
+        or paused before its directory's fsync, or a directory on the way may be another
+        process's, made a moment ago)."""
+        if not self._fsync:
+            return
+        parts = check_key(key).split("/")
+        try:
+            for depth in range(len(parts)):  # the root, ..., the key's own directory
+                try:
+                    fd = self._open_dir(parts[:depth], create=False)
+                except (FileNotFoundError, NotADirectoryError):
+                    return  # removed since: nothing of it to keep
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
+        self._hook("file.flushed", key=key)
+
     # --- read --------------------------------------------------------------------------------
 
     def get(self, key: str) -> StoredObject:

@@ -129,7 +129,8 @@ class _Log:
     """One log file open in this process, and its index as of ``pos``."""
 
     __slots__ = ("dirs", "gen", "fd", "file_id", "ino", "pos", "live", "sealed", "lock",
-                 "dead", "live_size", "pending", "durable", "__weakref__")
+                 "dead", "live_size", "pending", "durable", "flush_lock", "failed", "flushes",
+                 "flushed", "__weakref__")
 
     def __init__(self, dirs: tuple[str, ...], gen: int, fd: int, file_id: bytes, ino: tuple[int, int]) -> None:
         self.dirs = dirs
@@ -150,6 +151,16 @@ class _Log:
         self.pending: dict[bytes, str | None] = {}
         #: Whether this process made sure the log's name is durable (``_make_durable``).
         self.durable = False
+        #: Held across each ``fdatasync`` of ``fd`` (``_sync``): the threads of a process share
+        #: the fd, and the kernel reports a failed write-back to one ``fdatasync`` per open file.
+        self.flush_lock = threading.Lock()
+        #: The error of a failed ``fdatasync``: no later one of this fd is believed.
+        self.failed: OSError | None = None
+        #: ``fdatasync``s of ``fd`` begun, and the number of the last one that succeeded: one
+        #: begun after a write returned covers it, so a thread whose write a flush begun
+        #: after it covered makes none of its own (``_sync``).
+        self.flushes = 0
+        self.flushed = 0
         weakref.finalize(self, _close_quietly, fd)
 
 
@@ -665,13 +676,83 @@ class LogObjectStore(ObjectStore):
             if outcome == "lost":
                 raise ObjectExistsError(key)
             if outcome == "won":
-                if self._fsync:
-                    os.fdatasync(log.fd)  # and with it everything before it in the log
+                self._sync(log)  # and with it everything before it in the log
                 return
             if log.sealed is None:
                 raise BackendUnavailableError(f"object {key!r}: its record was not found in the log")
             self._successor(log)  # written after a seal: void; again in the successor
         raise BackendUnavailableError(f"object {key!r}: the log kept being sealed under the write")
+
+    # --- durability --------------------------------------------------------------------------
+
+    def _sync(self, log: _Log) -> None:
+        """Make everything written to ``log`` so far durable: its ``fdatasync``, or, once one
+        of them failed, a successor (``_recover``). Raises ``BackendUnavailableError`` when
+        neither can be done; nothing in the log is then known to be durable."""
+        if not self._fsync:
+            return
+        need = log.flushes + 1  # read after our writes returned: a flush numbered so covers them
+        with log.flush_lock:
+            if log.failed is None:
+                if log.flushed >= need:
+                    return  # another thread's flush, begun after our writes, covered them
+                log.flushes += 1
+                number = log.flushes
+                try:
+                    self._hook("log.flush.before", dirs=log.dirs, gen=log.gen)
+                    os.fdatasync(log.fd)
+                except OSError as exc:
+                    log.failed = exc
+                else:
+                    log.flushed = number
+                    self._hook("log.flushed", dirs=log.dirs, gen=log.gen)
+                    return
+        self._recover(log)
+
+    def _recover(self, log: _Log) -> None:
+        """A flush of ``log`` failed (EIO, a full disk, ...). What it held may never reach the
+        disk, and another ``fdatasync`` would not say so: the kernel reports a failed
+        write-back once per open file and then forgets it, and the page stays readable,
+        clean, in the page cache. So the log is sealed and its live objects, as every
+        process reads them, are written into its successor, a new file written whole,
+        fsynced, linked and its directory fsynced, whose own flush reports its own errors.
+        Once the successor is linked, every object of the log, this write's included, is
+        durable there; everyone reads there. Another process that meets the same failure,
+        or a seal unfinished, ends the same way (the first seal counts, the first successor
+        is linked)."""
+        try:
+            with log.lock:
+                self._catch_up(log)
+                sealed = log.sealed is not None
+            if not sealed:
+                _append(log.fd, self._record(log.file_id, _SEAL + os.urandom(16)), "/".join(log.dirs))
+            self._hook("log.recover.sealed", dirs=log.dirs, gen=log.gen)
+            self._finish_seal(log)
+        except OSError as exc:
+            raise BackendUnavailableError(
+                f"the log of {'/'.join(log.dirs)!r}: a flush failed ({log.failed}) and its "
+                f"objects could not be rewritten ({exc}); nothing in it is known to be durable"
+            ) from exc
+
+    def flush(self, key: str) -> None:
+        """``ObjectStore.flush``: the log of the key's directory made durable, name and all.
+        A log that is sealed and still the newest (its successor not made yet, a sealer
+        paused or dead) gets its successor instead, which is written whole and fsynced."""
+        if not self._fsync:
+            return
+        parts = check_key(key).split("/")
+        try:
+            log = self._current(tuple(parts[:-1]))
+            if log is None:
+                return
+            if not log.durable:
+                self._make_durable(log)
+            if log.sealed is not None:
+                self._finish_seal(log)
+            else:
+                self._sync(log)
+        except OSError as exc:
+            raise _os_error(exc, key) from exc
 
     # --- read --------------------------------------------------------------------------------
 
@@ -844,8 +925,7 @@ class LogObjectStore(ObjectStore):
                 with log.lock:
                     for rid, _, _ in sent:
                         log.pending.pop(rid, None)
-            if self._fsync:
-                os.fdatasync(log.fd)
+            self._sync(log)
             todo = []
             for (_, n, target), outcome in zip(sent, got):
                 if outcome is None:
@@ -882,8 +962,7 @@ class LogObjectStore(ObjectStore):
     def _seal(self, log: _Log) -> None:
         """Append a SEAL to ``log`` (the first one in the log counts) and finish it."""
         _append(log.fd, self._record(log.file_id, _SEAL + os.urandom(16)), "/".join(log.dirs))
-        if self._fsync:
-            os.fdatasync(log.fd)
+        self._sync(log)
         self._hook("log.seal.written", dirs=log.dirs, gen=log.gen)
         self._finish_seal(log)
 

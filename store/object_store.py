@@ -175,6 +175,18 @@ class ObjectStore(ABC):
     def close(self) -> None:
         pass
 
+    def flush(self, key: str) -> None:
+        """Make the object at ``key`` (if there is one) survive a power loss before anyone is
+        told of it. The store calls it before it acts on an object it did not create and
+        make durable itself: a segment it rolls forward into Redis, a rebuild's read, its
+        own earlier attempt met again (docs/design.md, "Durable before Redis hears of it").
+
+        An object of S3 (and of memory) is durable once anyone can see it: nothing to do.
+        The local backends make an object visible before it is durable (the log backend at
+        its ``write``, the file backend at its link), and a writer that died or paused
+        between the two has made it durable to nobody."""
+        check_key(key)
+
     # --- an object staged before its key is known ---------------------------------------------
 
     def stage(self, prefix: str, data: bytes, metadata: Mapping[str, str] | None = None) -> Staged:

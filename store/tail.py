@@ -16,6 +16,7 @@ Three ways it catches up with the object store:
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from coordination.redis import TailState
@@ -43,10 +44,13 @@ class TailKeeper:
     # --- roll-forward ------------------------------------------------------------------------
 
     def roll_forward(self, sid: str, header: Header, n: int, obj: StoredObject) -> None:
-        """COMMIT another writer's segment n+1 in its place."""
+        """COMMIT another writer's segment n+1 in its place, once it is durable: its writer
+        may have died or paused before making it so (docs/design.md, "Durable before Redis
+        hears of it"), and what Redis holds, a re-send's DUPLICATE acknowledges."""
         entries = decode_segment_object(obj, header.schema, self.ctx.keys.open)
         ids = [str(e["id"]) for e in entries]
         hashes = [entry_hash(e) for e in entries]
+        self.ctx.options.retry.call(lambda: self.ctx.objects.flush(obj.key))
         res = self.ctx.coord.commit(
             sid, header.incarnation, n, ids, hashes, size=len(obj.data),
             summary=summary_delta(header, entries),
@@ -131,6 +135,7 @@ class TailKeeper:
 
     def _install(self, sid: str, header: Header, read_at: int, max_age: int) -> tuple[str, SessionData]:
         data = self.reader.read(sid, header, use_hint=False)
+        self._flush_read(sid, header, data)
         ids: list[tuple[str, int, str]] = [(str(e["id"]), 0, entry_hash(e)) for e in data.inherited]
         ids.extend((str(e["id"]), s, entry_hash(e)) for e, s in zip(data.entries, data.seqs))
         through = data.manifest.through_seq if data.manifest else 0
@@ -158,6 +163,20 @@ class TailKeeper:
             state_ttl_ms=self.ctx.options.idle_state_ttl_ms,
         )
         return code, data
+
+    def _flush_read(self, sid: str, header: Header, data: SessionData) -> None:
+        """What a rebuild read is durable before Redis hears of it: the segments' log (or
+        directory) and the manifest's. A writer or a compactor that died or paused between
+        its write and its flush left them visible and not durable."""
+        ctx = self.ctx
+        through = data.manifest.through_seq if data.manifest else 0
+        keys: list[str] = []
+        if data.seq > through:
+            keys.append(ctx.layout.segment(sid, header.incarnation, data.seq))
+        if data.manifest is not None:
+            keys.append(ctx.layout.manifest(sid, header.incarnation, data.manifest.generation))
+        for key in keys:
+            ctx.options.retry.call(functools.partial(ctx.objects.flush, key))
 
     def _install_summary(self, sid: str, header: Header, data: SessionData) -> dict[str, str | int]:
         """The listing's summary from the rebuild's read, installed if Redis's tail is at the

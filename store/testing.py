@@ -231,6 +231,21 @@ class ObjectStoreContract:
         objects.get(f"{prefix}cnt")
         assert objects.requests["get"] - before == 2
 
+    def test_flush_keeps_objects_and_changes_nothing(self, objects: ObjectStore, prefix: str) -> None:
+        """``flush`` of an object, of a missing key and of a key whose directory does not
+        exist changes nothing anyone reads; a bad key is refused before anything is done."""
+        objects.put_if_absent(f"{prefix}fl/a", b"kept", {"nonce": "k"})
+        objects.flush(f"{prefix}fl/a")
+        objects.flush(f"{prefix}fl/missing")
+        objects.flush(f"{prefix}nowhere/at/all")
+        obj = objects.get(f"{prefix}fl/a")
+        assert (obj.data, obj.metadata["nonce"]) == (b"kept", "k")
+        assert [i.key for i in objects.list(f"{prefix}fl/")] == [f"{prefix}fl/a"]
+        with pytest.raises(ObjectExistsError):
+            objects.put_if_absent(f"{prefix}fl/a", b"other")
+        with pytest.raises(InvalidKeyError):
+            objects.flush("../outside")
+
     # --- a create staged before its key is known (``stage``, ``put_staged``) ------------------
 
     def test_staged_create_lands_whole_at_the_key_it_is_given(self, objects: ObjectStore, prefix: str) -> None:
