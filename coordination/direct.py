@@ -87,18 +87,31 @@ class DirectScripts:
     ) -> Any:
         """``script(keys=keys, args=args)``, with ``meanwhile()`` run between sending the
         command and reading its reply (at most once: not if the command could not be sent)."""
-        conn = self._take()
-        try:
-            conn.send_packed_command([_pack(conn, script.sha, keys, args)])
-        except BaseException:
-            conn.disconnect()
-            raise
+        conn = self._send(script, keys, args)
         try:
             if meanwhile is not None:
                 meanwhile()
         except BaseException:
             conn.disconnect()  # its reply is never read: the connection is not reused
             raise
+        return self._finish(conn, script, keys, args)
+
+    def send(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Reply:
+        """``run`` in two halves: the command is sent now, its reply read by the ``Reply``
+        returned (``read()``), so that the caller's own work (the append's flush) runs while
+        Redis runs the script. Raises as ``run`` does when the command cannot be sent."""
+        return Reply(self, self._send(script, keys, args), script, keys, args)
+
+    def _send(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        conn = self._take()
+        try:
+            conn.send_packed_command([_pack(conn, script.sha, keys, args)])
+        except BaseException:
+            conn.disconnect()
+            raise
+        return conn
+
+    def _finish(self, conn: Any, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         try:
             res = _read_reply(conn)
         except redis.exceptions.NoScriptError:
@@ -139,6 +152,30 @@ class DirectScripts:
         if mine:
             for conn in free:
                 conn.disconnect()
+
+
+class Reply:
+    """The reply of a command ``DirectScripts.send`` sent: ``read()`` it once (it raises what
+    ``run`` raises), or ``drop()`` it (the connection is closed unread: the command may
+    still run in Redis)."""
+
+    __slots__ = ("_owner", "_conn", "_script", "_keys", "_args")
+
+    def __init__(self, owner: DirectScripts, conn: Any, script: Script, keys: Sequence[Any],
+                 args: Sequence[Any]) -> None:
+        self._owner, self._conn = owner, conn
+        self._script, self._keys, self._args = script, keys, args
+
+    def read(self) -> Any:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            raise RuntimeError("a reply is read once")
+        return self._owner._finish(conn, self._script, self._keys, self._args)
+
+    def drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.disconnect()
 
 
 def _pack(conn: Any, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
@@ -296,4 +333,4 @@ def _error(text: bytes, parser: Any) -> Any:
     return error
 
 
-__all__ = ["DirectScripts"]
+__all__ = ["DirectScripts", "Reply"]

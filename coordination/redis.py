@@ -25,7 +25,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from coordination import scripts
-from coordination.direct import DirectScripts
+from coordination.direct import DirectScripts, Reply
 from coordination.keys import Keys
 from store.errors import BackendError, BackendRefusedError, BackendUnavailableError
 from store.retry import DEFAULT_RETRY, RetryPolicy
@@ -196,6 +196,39 @@ def redis_call(fn: Callable[[], T]) -> T:
         return fn()
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise translate_redis_error(exc) from exc
+
+
+class PendingCommit:
+    """A COMMIT sent (``Coordinator.commit_begin``) whose answer is read once by
+    ``result()``, or never (``drop()``: its connection is closed unread)."""
+
+    __slots__ = ("_reply",)
+
+    def __init__(self, reply: Reply) -> None:
+        self._reply = reply
+
+    def result(self) -> CommitResult:
+        return _commit_result(redis_call(self._reply.read))
+
+    def drop(self) -> None:
+        self._reply.drop()
+
+
+def _commit_result(res: Any) -> CommitResult:
+    code = _s(res[0])
+    if code == "INCARNATION":
+        return CommitResult(code, inc=_s(res[1]))
+    if code == "HYDRATE":
+        return CommitResult(code)
+    if code == "OK":
+        return CommitResult(
+            code,
+            seq=int(res[1]),
+            pending_segments=int(res[2]),
+            pending_bytes=int(res[3]),
+            job_queued=bool(int(res[4])),
+        )
+    return CommitResult(code, seq=int(res[1]))
 
 
 class Coordinator:
@@ -416,6 +449,55 @@ class Coordinator:
 
         ``riders``: nonces of the waiters whose batches are in this segment (group commit);
         with OK each is woken with "done", its wake-up living ``wake_ms``."""
+        keys, args = self._commit_call(
+            sid, inc, from_seq, ids, hashes, size=size, notify=notify, own=own, summary=summary,
+            cache=cache, cache_cap=cache_cap, state_ttl_ms=state_ttl_ms, riders=riders,
+            wake_ms=wake_ms,
+        )
+        return _commit_result(self._call(lambda: self._script(self._commit, keys, args)))
+
+    def commit_begin(
+        self,
+        sid: str,
+        inc: str,
+        from_seq: int,
+        ids: Sequence[str],
+        hashes: Sequence[str],
+        **options: Any,
+    ) -> PendingCommit | None:
+        """``commit`` in two halves: COMMIT is sent now and its answer read by
+        ``PendingCommit.result()``, so that the caller's flush runs while Redis runs it
+        (docs/design.md, "Committing during the flush"). None, having sent nothing, where
+        the client does not allow it (Redis Cluster, client-side caching) or the command
+        could not be sent: the caller then commits the ordinary way. ``result()`` raises
+        what ``commit`` raises, except that a failure to read the answer is not retried
+        there: the caller sends COMMIT again through ``commit`` (every script is idempotent)."""
+        if self._direct is None:
+            return None
+        keys, args = self._commit_call(sid, inc, from_seq, ids, hashes, **options)
+        try:
+            return PendingCommit(self._direct.send(self._commit, keys, args))
+        except redis.exceptions.RedisError:
+            return None
+
+    def _commit_call(
+        self,
+        sid: str,
+        inc: str,
+        from_seq: int,
+        ids: Sequence[str],
+        hashes: Sequence[str],
+        *,
+        size: int = 0,
+        notify: dict[str, Any] | None = None,
+        own: bool = False,
+        summary: SummaryDelta | None = None,
+        cache: bytes | None = None,
+        cache_cap: int = 0,
+        state_ttl_ms: int = 0,
+        riders: Sequence[str] = (),
+        wake_ms: int = 0,
+    ) -> tuple[list[Any], list[Any]]:
         new_seq = from_seq + 1
         args: list[Any] = [inc, from_seq, ids[-1], len(ids)]
         tag = f"{new_seq}:"
@@ -444,21 +526,7 @@ class Coordinator:
             args.append(len(riders))
             args.extend(riders)
             args.append(max(1, int(wake_ms)))
-        res = self._call(lambda: self._script(self._commit, keys, args))
-        code = _s(res[0])
-        if code == "INCARNATION":
-            return CommitResult(code, inc=_s(res[1]))
-        if code == "HYDRATE":
-            return CommitResult(code)
-        if code == "OK":
-            return CommitResult(
-                code,
-                seq=int(res[1]),
-                pending_segments=int(res[2]),
-                pending_bytes=int(res[3]),
-                job_queued=bool(int(res[4])),
-            )
-        return CommitResult(code, seq=int(res[1]))
+        return keys, args
 
     def wake(self, sid: str, nonces: Sequence[str], why: str, ttl_ms: int) -> None:
         """Wake waiters blocked on their turn lists (group commit: "back", their batches go

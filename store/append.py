@@ -43,9 +43,9 @@ import logging
 import random
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
-from coordination.redis import CheckResult, CommitResult, Offering, recent_value
+from coordination.redis import CheckResult, CommitResult, Offering, PendingCommit, recent_value
 from store import creates
 from store.context import StoreContext
 from store.entries import PreparedBatch, entry_hash, prepare_batch
@@ -187,6 +187,10 @@ class Appender:
                         staged = self._stage(sid, header, batch, nonce)
                     continue
                 if res.code == "DUPLICATE":
+                    # Redis's word acknowledges it: the segment is made durable first (its
+                    # COMMIT may have been sent while its writer's flush ran, and that writer
+                    # may have paused or died since: "Committing during the flush").
+                    self._flush_committed(ctx.layout.segment(sid, header.incarnation, res.seq))
                     return AppendResult(sid, res.seq, batch.last_id, len(batch.ids))
                 if res.code == "COLLISION":
                     raise IdCollisionError(sid, res.entry_id, res.detail)
@@ -217,10 +221,21 @@ class Appender:
                     staged = self._stage(sid, header, writing, nonce)
                 key = ctx.layout.segment(sid, header.incarnation, n + 1)
                 ctx.fault("append.before_put", session_id=sid, seq=n + 1)
-                outcome = self._put_segment(key, staged, nonce)
+                commit = self._commit_options(header, writing, riders)
+                early = _EarlyCommit(ctx, sid, header.incarnation, n, writing, commit)
+                staged.before_flush = early.send if ctx.options.commit_during_flush else None
+                try:
+                    outcome = self._put_segment(key, staged, nonce)
+                except BaseException:
+                    early.drop()
+                    raise
+                finally:
+                    staged.before_flush = None
+                if outcome != "ours":
+                    early.drop()  # never sent: only a create that won the key sends it
                 if outcome == "ours":
                     ctx.fault("append.after_put", session_id=sid, seq=n + 1)
-                    if self._commit(sid, header, n, writing, key, riders):
+                    if self._commit(sid, header, n, writing, key, riders, commit, early.take()):
                         ctx.fault("append.after_commit", session_id=sid, seq=n + 1)
                         riders = ()
                         return AppendResult(sid, n + 1, batch.last_id, len(batch.ids), len(writing.ids))
@@ -359,9 +374,29 @@ class Appender:
 
     # --- 4. COMMIT, and is our segment live? --------------------------------------------------
 
+    def _commit_options(self, header: Header, batch: PreparedBatch, riders: tuple[str, ...]) -> dict[str, Any]:
+        """COMMIT's options for our segment (``Coordinator.commit``)."""
+        ctx = self.ctx
+        return dict(
+            size=len(batch.body), own=True,
+            summary=summary_delta(header, batch.entries),  # the listing's summary
+            cache=self._recent(header, batch), cache_cap=ctx.options.recent_cache_bytes,
+            state_ttl_ms=ctx.options.idle_state_ttl_ms,
+            riders=riders, wake_ms=ctx.options.claim_ms,
+        )
+
+    def _flush_committed(self, key: str) -> None:
+        try:
+            self.ctx.options.retry.call(lambda: self.ctx.objects.flush(key))
+        except BackendError as exc:
+            raise IndeterminateError(
+                f"segment {key!r}: committed, but could not be made durable ({exc}); "
+                "re-sending the same batch is safe"
+            ) from exc
+
     def _commit(
         self, sid: str, header: Header, n: int, batch: PreparedBatch, key: str,
-        riders: tuple[str, ...] = (),
+        riders: tuple[str, ...], options: dict[str, Any], early: PendingCommit | None = None,
     ) -> bool:
         """COMMIT our segment n+1 and decide whether it is live.
 
@@ -375,14 +410,16 @@ class Appender:
         ctx = self.ctx
         for _ in range(3):
             try:
-                res = ctx.coord.commit(
-                    sid, header.incarnation, n, batch.ids, batch.hashes,
-                    size=len(batch.body), own=True,
-                    summary=summary_delta(header, batch.entries),  # the listing's summary
-                    cache=self._recent(header, batch), cache_cap=ctx.options.recent_cache_bytes,
-                    state_ttl_ms=ctx.options.idle_state_ttl_ms,
-                    riders=riders, wake_ms=ctx.options.claim_ms,
-                )
+                res = None
+                if early is not None:
+                    pending, early = early, None
+                    try:
+                        res = pending.result()  # sent during the flush
+                    except BackendUnavailableError as exc:
+                        log.info("segment %d of %s: COMMIT's answer lost (%s); sent again",
+                                 n + 1, sid, exc)
+                if res is None:
+                    res = ctx.coord.commit(sid, header.incarnation, n, batch.ids, batch.hashes, **options)
             except BackendError as exc:
                 log.warning("segment %d of %s: Redis unavailable at commit (%s); asking the "
                             "object store", n + 1, sid, exc)
@@ -509,6 +546,44 @@ class Appender:
                 )
         except BackendError as exc:
             log.warning("compaction queue not updated for %s: %s", sid, exc)
+
+
+class _EarlyCommit:
+    """Our COMMIT, sent by the backend's ``Staged.before_flush`` once our segment holds its
+    key and before the flush (docs/design.md, "Committing during the flush"), at most once
+    across the create's retries. Its answer is read after the flush, by ``_commit``."""
+
+    __slots__ = ("_begin", "_pending", "_fault")
+
+    def __init__(self, ctx: StoreContext, sid: str, inc: str, n: int, batch: PreparedBatch,
+                 options: dict[str, Any]) -> None:
+        def begin() -> PendingCommit | None:
+            return ctx.coord.commit_begin(sid, inc, n, batch.ids, batch.hashes, **options)
+
+        self._fault = lambda: ctx.fault("append.commit_sent", session_id=sid, seq=n + 1)
+        self._begin: Callable[[], PendingCommit | None] | None = begin
+        self._pending: PendingCommit | None = None
+
+    def send(self) -> None:
+        begin, self._begin = self._begin, None
+        if begin is None:
+            return
+        # A test's hook may raise here to stand for a crash with the segment visible, its
+        # COMMIT not sent and its flush not made: that propagates through the create.
+        self._fault()
+        try:
+            self._pending = begin()
+        except Exception as exc:  # noqa: BLE001 - never raised into the backend's create
+            log.info("COMMIT not sent during the flush (%s): sent after it", exc)
+
+    def take(self) -> PendingCommit | None:
+        pending, self._pending = self._pending, None
+        return pending
+
+    def drop(self) -> None:
+        pending = self.take()
+        if pending is not None:
+            pending.drop()
 
 
 def _lines(body: bytes) -> list[dict[str, Any]]:

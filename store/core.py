@@ -178,9 +178,13 @@ class SessionStore:
             # COMMIT its copy (docs/performance.md, "The log backend").
             opts = replace(opts, recent_cache_bytes=0)
         if redis_url is None:
-            from store.embedded import embedded_redis_url
+            from store.embedded import embedded_redis_url, state_dropped_after_reboot
 
             redis_url = embedded_redis_url(objects)
+            if opts.commit_during_flush is None and state_dropped_after_reboot():
+                # Its Redis starts empty after a reboot: nothing it heard of can outlive a
+                # write a power loss took (docs/design.md, "Committing during the flush").
+                opts = replace(opts, commit_during_flush=True)
         coord = Coordinator.from_url(
             redis_url,
             prefix=opts.redis_prefix,

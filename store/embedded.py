@@ -18,6 +18,14 @@ a lock nobody can see any more and listens on a socket that no longer exists. Ea
 recorded (pid and process start time, which a reused pid cannot match) in a per-user registry
 in the temporary directory; the next start for the same path stops such a server first.
 
+**A reboot empties it.** Before a server starts, its state is dropped (the append-only file
+and any snapshot) unless it was written since this boot of the machine (``boot_id`` in the
+directory names the boot, from ``/proc/sys/kernel/random/boot_id``). Redis is a cache that
+the store rebuilds from the objects; what a power loss can leave in its append-only file is
+a segment whose write the loss took (an append's COMMIT is sent while its flush runs:
+docs/design.md, "Committing during the flush"). A process crash, a stop or a restart of the
+server within one boot keep the state (the page cache keeps every write).
+
 **Lifetime.** The server keeps running after the process that started it, for the next
 process that opens the directory (a command-line call each time, workers, ...); it is never
 stopped behind the back of a process using it. The store that started it says so when it is
@@ -202,6 +210,7 @@ class EmbeddedRedis:
             self.socket.unlink()
         except FileNotFoundError:
             pass
+        self._forget_other_boots()
         conf = self.dir / "redis.conf"
         conf.write_text(
             "\n".join(
@@ -251,6 +260,40 @@ class EmbeddedRedis:
             pass
         raise BackendUnavailableError(f"embedded redis-server did not come up: {log_tail}")
 
+    def _forget_other_boots(self) -> None:
+        """Drop Redis's state unless it was written during this boot (the module docstring);
+        then record this boot. Called with ``start.lock`` held and no server running."""
+        boot = current_boot_id()
+        if boot is None:
+            return  # no boot id: nothing dropped, and commit_during_flush stays off
+        mark = self.dir / "boot_id"
+        try:
+            was = mark.read_text().strip()
+        except FileNotFoundError:
+            was = None
+        if was != boot:
+            dropped = []
+            for name in _STATE_FILES:
+                path = self.dir / name
+                if path.is_dir():
+                    shutil.rmtree(path)
+                elif path.exists():
+                    path.unlink()
+                else:
+                    continue
+                dropped.append(name)
+            if dropped:
+                log.info("embedded redis-server of %s: state of another boot dropped (%s); the "
+                         "store rebuilds it from the objects", self.dir, ", ".join(dropped))
+        tmp = self.dir / f"boot_id.{os.getpid()}.tmp"
+        tmp.write_text(boot + "\n")
+        os.replace(tmp, mark)
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)  # the removals and the mark, before the server writes anything
+        finally:
+            os.close(fd)
+
     # --- stop ------------------------------------------------------------------------------
 
     def stop(self) -> bool:
@@ -297,6 +340,27 @@ class EmbeddedRedis:
         except (OSError, ValueError):
             return None
         return pid
+
+
+#: What a redis-server keeps in its directory: the append-only file (6.x one file, 7.x a
+#: directory of them) and a snapshot.
+_STATE_FILES = ("appendonly.aof", "appendonlydir", "dump.rdb")
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def current_boot_id() -> str | None:
+    """This boot of the machine (Linux), or None where that cannot be told."""
+    try:
+        with open(_BOOT_ID) as fh:
+            boot = fh.read().strip()
+    except OSError:
+        return None
+    return boot or None
+
+
+def state_dropped_after_reboot() -> bool:
+    """Whether an embedded server's state is dropped when the machine restarts (Linux)."""
+    return current_boot_id() is not None
 
 
 def embedded_redis_url(objects: ObjectStore) -> str:

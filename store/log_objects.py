@@ -73,7 +73,7 @@ from store.file_objects import (
     open_dir,
     subdirectories,
 )
-from store.object_store import ObjectInfo, ObjectStore, StoredObject, check_key
+from store.object_store import ObjectInfo, ObjectStore, Staged, StoredObject, check_key
 
 FaultHook = Callable[[str, dict[str, Any]], None]
 
@@ -626,6 +626,9 @@ class LogObjectStore(ObjectStore):
     def put_if_absent(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> None:
         self._create(key, data, metadata, 0)
 
+    def put_staged(self, key: str, staged: Staged) -> None:
+        self._create(key, staged.data, staged.metadata, 0, staged.before_flush)
+
     def import_object(self, key: str, data: bytes, metadata: Mapping[str, str] | None,
                       last_modified_ms: int | None) -> None:
         """``put_if_absent`` of an object copied from another backend, keeping the time that
@@ -633,7 +636,8 @@ class LogObjectStore(ObjectStore):
         and the source's own time is at least as early as this copy."""
         self._create(key, data, metadata, (last_modified_ms or 0) * 1_000_000)
 
-    def _create(self, key: str, data: bytes, metadata: Mapping[str, str] | None, time_ns: int) -> None:
+    def _create(self, key: str, data: bytes, metadata: Mapping[str, str] | None, time_ns: int,
+                before_flush: Callable[[], None] | None = None) -> None:
         parts = check_key(key).split("/")
         dirs, name = tuple(parts[:-1]), parts[-1]
         meta = orjson.dumps(dict(metadata or {}))
@@ -641,13 +645,14 @@ class LogObjectStore(ObjectStore):
             raise InvalidInputError(f"object {key!r} is larger than the log backend's 1 GiB")
         self._count("put")
         try:
-            self._put(key, dirs, name, meta, data, time_ns)
+            self._put(key, dirs, name, meta, data, time_ns, before_flush)
         except (FileExistsError, NotADirectoryError):
             raise ObjectExistsError(key) from None  # a component of the key is not a directory
         except OSError as exc:
             raise _os_error(exc, key) from exc
 
-    def _put(self, key: str, dirs: tuple[str, ...], name: str, meta: bytes, data: bytes, time_ns: int) -> None:
+    def _put(self, key: str, dirs: tuple[str, ...], name: str, meta: bytes, data: bytes, time_ns: int,
+             before_flush: Callable[[], None] | None = None) -> None:
         for _ in range(_ROUNDS):
             try:
                 log = self._resolve(dirs, create=True)
@@ -676,6 +681,8 @@ class LogObjectStore(ObjectStore):
             if outcome == "lost":
                 raise ObjectExistsError(key)
             if outcome == "won":
+                if before_flush is not None:
+                    before_flush()  # the key is ours, visible to all, not durable yet
                 self._sync(log)  # and with it everything before it in the log
                 return
             if log.sealed is None:

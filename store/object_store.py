@@ -20,7 +20,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from store.errors import (
     ConditionalWritesUnsupportedError,
@@ -74,11 +74,17 @@ class Staged:
     """An object handed to the store before its key is known (``ObjectStore.stage``): an
     append knows its segment's bytes before CHECK tells it the slot."""
 
-    __slots__ = ("data", "metadata")
+    __slots__ = ("data", "metadata", "before_flush")
 
     def __init__(self, data: bytes, metadata: Mapping[str, str] | None) -> None:
         self.data = data
         self.metadata = metadata
+        #: Called by a backend whose object is visible before it is durable (the log
+        #: backend), once ``put_staged`` has won the key and before it flushes; never by
+        #: the others. The append sends COMMIT there where it may (docs/design.md,
+        #: "Committing during the flush"). What it raises propagates from the create (the
+        #: store's raises only a test's fault hook, standing for a crash at that point).
+        self.before_flush: Callable[[], None] | None = None
 
     def prepare(self) -> None:
         """Do now whatever can be done before the key is known (``FileObjectStore``: write

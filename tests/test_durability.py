@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,6 +38,7 @@ from store.records import StoreOptions
 from store.retry import RetryPolicy
 
 Hook = Callable[[str, dict[str, Any]], None]
+_NONE = type("_NoTail", (), {"seq": None})()
 
 #: Where a writer has made its segment visible and not yet durable, and what a flush reports.
 _VISIBLE = {"log": "log.put.decided", "files": "file.put.linked"}
@@ -118,7 +120,7 @@ def test_a_resend_rolls_a_paused_writers_segment_forward_only_once_it_is_durable
     res = other.append_session_entries(sid, batch)
     assert (res.seq, res.last_appended_entry_id) == (1, "e1")
     assert seen, "segment 1 was committed to Redis and acknowledged without being flushed"
-    assert all(s in (None, 0) for s in seen), f"Redis heard of segment 1 before its flush: {seen}"
+    assert seen[0] in (None, 0), f"Redis heard of segment 1 before its flush: {seen}"
     assert other.coord.tail(sid).seq == 1
     pause.release()
     assert put.result().seq == 1  # the paused writer is acknowledged at the same slot
@@ -280,3 +282,68 @@ def test_a_thread_never_trusts_a_flush_after_another_threads_failed(tmp_path: Pa
     assert sorted(n for n in os.listdir(tmp_path / "objects" / "s" / "d") if n.startswith(".log.")) == [".log.00000001"]
     fresh = LogObjectStore(tmp_path / "objects")
     assert (fresh.get("s/d/a").data, fresh.get("s/d/b").data) == (b"A", b"B")
+
+
+def test_a_writer_paused_with_its_commit_sent_before_its_flush(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
+    """Committing during the flush (docs/design.md): the writer's COMMIT has reached Redis,
+    and the writer paused before its ``fdatasync``. Redis's word is an acknowledgement: a
+    re-send of the batch is answered DUPLICATE, and is acknowledged only after it made the
+    segment durable itself. The paused writer, resumed, is acknowledged at the same slot."""
+    local = _Local(tmp_path / "objects", "log", redis_url, redis_prefix)
+    try:
+        sid = local.store().create_session(cwd="/w").session_id
+        pause = Pause("log.flush.before", lambda ctx: ctx["dirs"][-1:] == ("seg",) and sid in "/".join(ctx["dirs"]))
+        writer = local.store(pause, commit_during_flush=True)
+        # Redis has COMMIT's script (a NOSCRIPT answer would have it run after the flush).
+        warm = writer.create_session(cwd="/w").session_id
+        writer.append_session_entries(warm, [_entry("w1", None)])
+        batch = [_entry("e1", None)]
+        put = InThread(lambda: writer.append_session_entries(sid, batch))
+        pause.wait_paused()
+        deadline = time.monotonic() + 10
+        while (writer.coord.tail(sid) or _NONE).seq != 1:
+            assert time.monotonic() < deadline, "COMMIT never reached Redis during the flush"
+            time.sleep(0.01)
+        seen: list[int | None] = []
+        hook, holder = _watch(local, sid, seen)
+        other = local.store(hook)
+        holder.append(other)
+        assert other.append_session_entries(sid, batch).seq == 1  # DUPLICATE
+        assert seen, "acknowledged on Redis's word with the segment flushed by nobody"
+        pause.release()
+        res = put.result()
+        assert (res.seq, res.segment_entries) == (1, 1)
+        assert [e["id"] for e in local.store().load_session_entries(sid)] == ["e1"]
+    finally:
+        local.close()
+
+
+def test_commit_during_flush_is_sent_once_the_key_is_won_and_answered_after_the_flush(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    """The order of one append with the option on: the segment's record written and its key
+    won, COMMIT sent, the flush, then COMMIT's answer read. Off (any Redis but the embedded
+    default's), COMMIT is sent after the flush."""
+    for on in (True, False):
+        local = _Local(tmp_path / f"objects-{on}", "log", redis_url, f"{redis_prefix}{on}")
+        try:
+            order: list[str] = []
+
+            def hook(point: str, ctx: dict[str, Any]) -> None:
+                seg = ctx.get("dirs", ())[-1:] == ("seg",) or "/seg/" in ctx.get("key", "")
+                if point in ("log.put.decided", "log.flushed") and seg:
+                    order.append(point)
+
+            def store_hook(point: str, ctx: dict[str, Any]) -> None:
+                if point in ("append.commit_sent", "append.after_put"):
+                    order.append(point)
+
+            writer = local.store(hook, commit_during_flush=on, fault_hook=store_hook)
+            sid = writer.create_session(cwd="/w").session_id
+            order.clear()
+            assert writer.append_session_entries(sid, [_entry("e1", None)]).seq == 1
+            want = ["log.put.decided", "append.commit_sent", "log.flushed", "append.after_put"]
+            assert order == (want if on else [w for w in want if w != "append.commit_sent"])
+            assert writer.coord.tail(sid).seq == 1
+        finally:
+            local.close()

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from test_cli import Result, jsonl, msg, run_cli, subprocess_env
 
-from store.embedded import EmbeddedRedis
+from store import SessionStore
+from store.embedded import EmbeddedRedis, current_boot_id
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 
@@ -171,3 +172,58 @@ def test_a_library_store_that_started_the_server_says_so_on_close(tmp_path: Path
     finally:
         embedded.stop()
     assert not embedded.held()
+
+
+def test_a_reboot_empties_the_servers_state_and_nothing_else_does(tmp_path: Path) -> None:
+    """The server's state survives a stop and a start in one boot of the machine (and a
+    SIGKILL: the page cache keeps its append-only file), and is dropped at the first start
+    after a reboot, simulated by a ``boot_id`` of another boot in its directory (what a
+    directory written before a reboot holds). The store rebuilds from the objects: a
+    session written before reads back whole, and appends go on after it."""
+    directory = tmp_path / "sessions"
+    embedded = EmbeddedRedis(directory / ".redis")
+    store = SessionStore.from_url(directory.as_uri())
+    try:
+        assert store.options.commit_during_flush is True  # the default: the state is per boot
+        sid = store.create_session(cwd="/r").session_id
+        store.append_session_entries(sid, [msg("m1", None, "user", "one")])
+        store.coord.client.set("marker", "kept")
+        store.coord.client.execute_command("BGREWRITEAOF")  # a snapshot of it in the AOF, too
+        _wait_aof(store)
+
+        embedded.stop()
+        embedded.ensure_running()
+        assert store.coord.client.get("marker") == b"kept"  # same boot: kept
+
+        pid = embedded.pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone(pid)
+        embedded.ensure_running()
+        assert store.coord.client.get("marker") == b"kept"  # killed, same boot: kept
+
+        embedded.stop()
+        (directory / ".redis" / "boot_id").write_text("00000000-another-boot\n")
+        embedded.ensure_running()
+        assert store.coord.client.get("marker") is None  # another boot's: dropped
+        assert store.coord.tail(sid) is None
+        assert [e["id"] for e in store.load_session_entries(sid)] == ["m1"]
+        assert store.append_session_entries(sid, [msg("m2", "m1", "assistant", "two")]).seq == 2
+        assert (directory / ".redis" / "boot_id").read_text().strip() == current_boot_id()
+    finally:
+        store.close()
+        embedded.stop()
+
+
+def _wait_aof(store: SessionStore) -> None:
+    deadline = time.monotonic() + 10
+    while store.coord.client.info("persistence")["aof_rewrite_in_progress"]:
+        assert time.monotonic() < deadline, "AOF rewrite did not finish"
+        time.sleep(0.05)
+
+
+def _wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while _state(pid) is not None:
+        assert time.monotonic() < deadline, f"redis-server {pid} did not exit"
+        time.sleep(0.05)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pytest
 import test_compactor
@@ -15,6 +16,7 @@ import test_pauses
 import test_store
 from _pytest.fixtures import FixtureFunctionDefinition
 
+from store import SessionStore
 from store.log_objects import LogObjectStore
 from store.objects import object_store_from_url
 
@@ -32,7 +34,7 @@ _NOT_HERE = {
 _borrowed = 0
 for _module in (test_store, test_pauses, test_compactor, test_multiprocess):
     for _name, _obj in vars(_module).items():
-        if isinstance(_obj, FixtureFunctionDefinition) and _name != "s3_url":
+        if isinstance(_obj, FixtureFunctionDefinition) and _name not in ("s3_url", "make_store"):
             globals().setdefault(_name, _obj)  # the module's own fixtures (a clock, ...)
         elif _name.startswith("test_") and inspect.isfunction(_obj) and _obj.__module__ == _module.__name__:
             if _name not in _NOT_HERE and not _S3_ONLY & set(inspect.signature(_obj).parameters):
@@ -44,6 +46,27 @@ for _module in (test_store, test_pauses, test_compactor, test_multiprocess):
 def s3_url(tmp_path: Path) -> str:
     """The objects URL of the store under test: a new local directory (the log backend)."""
     return (tmp_path / "objects").as_uri()
+
+
+@pytest.fixture(params=[False, True], ids=["commit-after-flush", "commit-during-flush"])
+def make_store(
+    request: pytest.FixtureRequest, s3_url: str, redis_url: str, redis_prefix: str
+) -> Iterator[Callable[..., SessionStore]]:
+    """``make_store(**options)`` of the borrowed tests, each run twice: with COMMIT sent
+    after the segment's flush (any Redis but the embedded default's) and during it (the
+    embedded default's: docs/design.md, "Committing during the flush")."""
+    stores: list[SessionStore] = []
+
+    def make(**options: Any) -> SessionStore:
+        options.setdefault("redis_prefix", redis_prefix)
+        options.setdefault("commit_during_flush", request.param)
+        made = SessionStore.from_url(s3_url, redis_url, **options)
+        stores.append(made)
+        return made
+
+    yield make
+    for made in stores:
+        made.close()
 
 
 def test_the_borrowed_suites_are_here_and_on_the_log_backend(s3_url: str) -> None:

@@ -259,7 +259,9 @@ def test_segment_redis_never_heard_of_is_read_and_rolled_forward(make_store: Cal
         pass
 
     def crash_after_put(point: str, ctx: dict[str, Any]) -> None:
-        if point == "append.after_put":
+        # After the PUT and before COMMIT: with COMMIT sent during the flush (the log
+        # backend's embedded default), before it is sent.
+        if point in ("append.after_put", "append.commit_sent"):
             raise Crash()
 
     crashing = make_store(fault_hook=crash_after_put)
