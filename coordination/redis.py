@@ -421,18 +421,9 @@ class Coordinator:
         from_seq: int,
         ids: Sequence[str],
         hashes: Sequence[str],
-        *,
-        size: int = 0,
-        notify: dict[str, Any] | None = None,
-        own: bool = False,
-        summary: SummaryDelta | None = None,
-        cache: bytes | None = None,
-        cache_cap: int = 0,
-        state_ttl_ms: int = 0,
-        riders: Sequence[str] = (),
-        wake_ms: int = 0,
+        **options: Any,
     ) -> CommitResult:
-        """COMMIT segment from_seq+1.
+        """COMMIT segment from_seq+1 (its options: ``_commit_call``).
 
         ``own``: the caller PUT this segment itself. When the slot is taken already the reply
         is then ALREADY only if the batch committed there is the caller's, and ZOMBIE if the
@@ -449,11 +440,7 @@ class Coordinator:
 
         ``riders``: nonces of the waiters whose batches are in this segment (group commit);
         with OK each is woken with "done", its wake-up living ``wake_ms``."""
-        keys, args = self._commit_call(
-            sid, inc, from_seq, ids, hashes, size=size, notify=notify, own=own, summary=summary,
-            cache=cache, cache_cap=cache_cap, state_ttl_ms=state_ttl_ms, riders=riders,
-            wake_ms=wake_ms,
-        )
+        keys, args = self._commit_call(sid, inc, from_seq, ids, hashes, **options)
         return _commit_result(self._call(lambda: self._script(self._commit, keys, args)))
 
     def commit_begin(

@@ -190,7 +190,7 @@ class Appender:
                     # Redis's word acknowledges it: the segment is made durable first (its
                     # COMMIT may have been sent while its writer's flush ran, and that writer
                     # may have paused or died since: "Committing during the flush").
-                    self._flush_committed(ctx.layout.segment(sid, header.incarnation, res.seq))
+                    self._make_durable(ctx.layout.segment(sid, header.incarnation, res.seq), "committed")
                     return AppendResult(sid, res.seq, batch.last_id, len(batch.ids))
                 if res.code == "COLLISION":
                     raise IdCollisionError(sid, res.entry_id, res.detail)
@@ -362,15 +362,20 @@ class Appender:
     def _flushed(self, key: str) -> Literal["ours"]:
         """Our own segment, met again by a re-sent PUT or a look after a failure: the
         attempt that wrote it may have failed before it was durable (a failed or cut-short
-        flush), so it is made durable before it is committed (``ObjectStore.flush``)."""
+        flush), so it is made durable before it is committed."""
+        self._make_durable(key, "written")
+        return "ours"
+
+    def _make_durable(self, key: str, what: str) -> None:
+        """``ObjectStore.flush`` of a segment about to be committed or acknowledged; when that
+        fails, nobody can say the segment is durable: ``IndeterminateError``."""
         try:
             self.ctx.options.retry.call(lambda: self.ctx.objects.flush(key))
         except BackendError as exc:
             raise IndeterminateError(
-                f"segment {key!r}: written, but could not be made durable ({exc}); "
+                f"segment {key!r}: {what}, but could not be made durable ({exc}); "
                 "re-sending the same batch is safe"
             ) from exc
-        return "ours"
 
     # --- 4. COMMIT, and is our segment live? --------------------------------------------------
 
@@ -384,15 +389,6 @@ class Appender:
             state_ttl_ms=ctx.options.idle_state_ttl_ms,
             riders=riders, wake_ms=ctx.options.claim_ms,
         )
-
-    def _flush_committed(self, key: str) -> None:
-        try:
-            self.ctx.options.retry.call(lambda: self.ctx.objects.flush(key))
-        except BackendError as exc:
-            raise IndeterminateError(
-                f"segment {key!r}: committed, but could not be made durable ({exc}); "
-                "re-sending the same batch is safe"
-            ) from exc
 
     def _commit(
         self, sid: str, header: Header, n: int, batch: PreparedBatch, key: str,
@@ -560,7 +556,10 @@ class _EarlyCommit:
         def begin() -> PendingCommit | None:
             return ctx.coord.commit_begin(sid, inc, n, batch.ids, batch.hashes, **options)
 
-        self._fault = lambda: ctx.fault("append.commit_sent", session_id=sid, seq=n + 1)
+        def fault() -> None:
+            ctx.fault("append.commit_sent", session_id=sid, seq=n + 1)
+
+        self._fault: Callable[[], None] = fault
         self._begin: Callable[[], PendingCommit | None] | None = begin
         self._pending: PendingCommit | None = None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 import test_compactor
@@ -50,23 +50,17 @@ def s3_url(tmp_path: Path) -> str:
 
 @pytest.fixture(params=[False, True], ids=["commit-after-flush", "commit-during-flush"])
 def make_store(
-    request: pytest.FixtureRequest, s3_url: str, redis_url: str, redis_prefix: str
-) -> Iterator[Callable[..., SessionStore]]:
-    """``make_store(**options)`` of the borrowed tests, each run twice: with COMMIT sent
-    after the segment's flush (any Redis but the embedded default's) and during it (the
-    embedded default's: docs/design.md, "Committing during the flush")."""
-    stores: list[SessionStore] = []
+    request: pytest.FixtureRequest, make_store: Callable[..., SessionStore]
+) -> Callable[..., SessionStore]:
+    """The borrowed tests' ``make_store(**options)``, each test run twice: COMMIT sent after
+    the segment's flush (any Redis but the embedded default's) and during it (the embedded
+    default's: docs/design.md, "Committing during the flush")."""
 
     def make(**options: Any) -> SessionStore:
-        options.setdefault("redis_prefix", redis_prefix)
         options.setdefault("commit_during_flush", request.param)
-        made = SessionStore.from_url(s3_url, redis_url, **options)
-        stores.append(made)
-        return made
+        return make_store(**options)
 
-    yield make
-    for made in stores:
-        made.close()
+    return make
 
 
 def test_the_borrowed_suites_are_here_and_on_the_log_backend(s3_url: str) -> None:
