@@ -235,6 +235,14 @@ class GarbageCollector:
             sid, inc, latest, [b for b in bases if b not in named], live_bases, now, grace
         )
         waiting += orphans_waiting
+        if due:
+            # What the newest manifest retires goes only once the manifest is durable: its
+            # compactor may have paused or died between its write and its flush, and a power
+            # loss could then keep the deletions and lose the manifest (docs/design.md,
+            # "Durable before Redis hears of it"). The bases it names were flushed before it
+            # was written.
+            newest = store.layout.manifest(sid, inc, latest.generation)
+            store.options.retry.call(lambda: store.objects.flush(newest))
         segments_due = [k for kind, k in due if kind == "segment"]
         if segments_due and not self._fence_retired(sid, inc, latest.through_seq):
             due = [(kind, k) for kind, k in due if kind != "segment"]

@@ -347,3 +347,49 @@ def test_commit_during_flush_is_sent_once_the_key_is_won_and_answered_after_the_
             assert writer.coord.tail(sid).seq == 1
         finally:
             local.close()
+
+
+def test_gc_deletes_what_a_manifest_retires_only_once_the_manifest_is_durable(local: _Local) -> None:
+    """A compactor wrote its manifest and paused before flushing it. Past the grace period,
+    GC (another process) deletes the segments that manifest retires, and flushes the
+    manifest first: a power loss must not keep the deletions and lose the manifest, which
+    names the bases that now hold those entries."""
+    from compactor import Compactor, CompactorOptions
+    from harness.pausing import FakeClock
+
+    writer = local.store()
+    sid = writer.create_session(cwd="/w").session_id
+    parent = None
+    for i in range(3):
+        writer.append_session_entries(sid, [_entry(f"e{i}", parent)])
+        parent = f"e{i}"
+    inc = writer.get_header(sid).incarnation
+    manifest = writer.layout.manifest(sid, inc, 1)
+    manifest_dir = manifest.rsplit("/", 1)[0]
+    segment = writer.layout.segment(sid, inc, 1)
+
+    pause = Pause(_VISIBLE[local.fmt], lambda ctx: ctx["key"] == manifest)
+    clock = FakeClock()
+    compacting = InThread(lambda: Compactor(
+        local.store(pause), CompactorOptions(grace_ms=0, worker="paused"), now=clock,
+    ).compact_session(sid))
+    pause.wait_paused()
+
+    seen: list[bool] = []
+    probe = local.store()
+
+    def hook(point: str, ctx: dict[str, Any]) -> None:
+        where = "/".join(ctx.get("dirs", ())) if local.fmt == "log" else ctx.get("key", "").rsplit("/", 1)[0]
+        if point == _FLUSHED[local.fmt] and where == manifest_dir:
+            seen.append(probe.objects.head(segment) is not None)
+
+    later = FakeClock()
+    later.advance(3_600_000)
+    gc = Compactor(local.store(hook), CompactorOptions(grace_ms=0, worker="gc"), now=later)
+    result = gc.gc_session(sid)
+    deleted = [k for kind, k in result.deleted if kind == "segment"]
+    assert segment in deleted, result
+    assert seen and seen[0], f"segments deleted before the manifest retiring them was flushed: {seen}"
+    pause.release()
+    assert compacting.result().outcome == "compacted"
+    assert [e["id"] for e in local.store().load_session_entries(sid)] == ["e0", "e1", "e2"]
