@@ -8,6 +8,7 @@ Through the real entry points: ``python -m store.cli`` in a directory of the tes
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -18,7 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from history import check_history, load_ops
 from test_cli import Result, jsonl, msg, run_cli, subprocess_env
+from test_multiprocess import writer
 
 from store import SessionStore
 from store.embedded import EmbeddedRedis, current_boot_id
@@ -227,3 +230,41 @@ def _wait_gone(pid: int) -> None:
     while _state(pid) is not None:
         assert time.monotonic() < deadline, f"redis-server {pid} did not exit"
         time.sleep(0.05)
+
+
+@pytest.mark.timeout(600)
+def test_six_writer_processes_on_the_embedded_default_keep_every_promise(tmp_path: Path) -> None:
+    """The embedded default as users run it (a local directory, no Redis URL: the log backend,
+    COMMIT sent during the flush, group commit): six writer processes on three sessions, half
+    of their appends expecting a tail, judged by the history checker (nothing acknowledged
+    lost or doubled, conflicts truthful), and every session read back whole."""
+    directory = tmp_path / "sessions"
+    url = directory.as_uri()
+    store = SessionStore.from_url(url, redis_prefix="mp")
+    embedded = EmbeddedRedis(directory / ".redis")
+    try:
+        assert store.options.commit_during_flush is True
+        sessions = ["alpha", "beta", "gamma"]
+        for sid in sessions:
+            store.create_session(sid)
+        ctx = mp.get_context("spawn")
+        logs = [tmp_path / f"w{i}.jsonl" for i in range(6)]
+        procs = [
+            ctx.Process(target=writer, args=(url, None, "mp", i, sessions, 100, str(logs[i])))
+            for i in range(6)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(540)
+            assert p.exitcode == 0
+        ops = load_ops(logs)
+        assert len(ops) == 600
+        report = check_history(store, ops)
+        assert report.problems == [] and report.errors == []
+        assert report.acknowledged > 300 and report.conflicts > 0
+        total = sum(len(op.ids) for op in ops if op.outcome == "ok")
+        assert sum(len(store.load_session_entries(s)) for s in sessions) == total
+    finally:
+        store.close()
+        embedded.stop()
