@@ -8,7 +8,6 @@ Through the real entry points: ``python -m store.cli`` in a directory of the tes
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -19,9 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from history import check_history, load_ops
 from test_cli import Result, jsonl, msg, run_cli, subprocess_env
-from test_multiprocess import writer
+from test_multiprocess import six_writers_keep_every_promise
 
 from store import SessionStore
 from store.embedded import EmbeddedRedis, current_boot_id
@@ -244,27 +242,7 @@ def test_six_writer_processes_on_the_embedded_default_keep_every_promise(tmp_pat
     embedded = EmbeddedRedis(directory / ".redis")
     try:
         assert store.options.commit_during_flush is True
-        sessions = ["alpha", "beta", "gamma"]
-        for sid in sessions:
-            store.create_session(sid)
-        ctx = mp.get_context("spawn")
-        logs = [tmp_path / f"w{i}.jsonl" for i in range(6)]
-        procs = [
-            ctx.Process(target=writer, args=(url, None, "mp", i, sessions, 100, str(logs[i])))
-            for i in range(6)
-        ]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(540)
-            assert p.exitcode == 0
-        ops = load_ops(logs)
-        assert len(ops) == 600
-        report = check_history(store, ops)
-        assert report.problems == [] and report.errors == []
-        assert report.acknowledged > 300 and report.conflicts > 0
-        total = sum(len(op.ids) for op in ops if op.outcome == "ok")
-        assert sum(len(store.load_session_entries(s)) for s in sessions) == total
+        six_writers_keep_every_promise(store, url, None, "mp", tmp_path, 100)
     finally:
         store.close()
         embedded.stop()
