@@ -40,9 +40,9 @@ acknowledged that no reader sees, and why the queue of waiting writers cannot ei
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
-import uuid
 from typing import Any, Callable, Literal
 
 from coordination.redis import CheckResult, CommitResult, Offering, PendingCommit, recent_value
@@ -92,7 +92,7 @@ class Appender:
             header = ctx.headers.read(sid)  # the cache may be the stale one
             if header.incarnation != incarnation:
                 raise SessionNotFoundError(sid)
-        nonce = uuid.uuid4().hex
+        nonce = os.urandom(16).hex()  # the writer's random token (store/segments.py)
         rider = Offering()
         try:
             return self._append(sid, header, batch, expected, incarnation, nonce, rider, alone)
@@ -151,13 +151,14 @@ class Appender:
             deadline = time.monotonic() + ctx.options.max_wait_s
             compacted = self.tail.compacted
             trash_batch = is_marker_batch(batch.ids)
+            ahead = _Ahead(self)
             while rounds < ctx.options.max_rounds:
                 seen = compacted.lookup(sid, header.incarnation, batch.ids, batch.external_parents)
                 ctx.fault("append.before_check", session_id=sid, through=seen.through)
                 res = ctx.coord.check(
                     sid, header.incarnation, batch.ids, batch.hashes, batch.external_parents,
                     expected, nonce=nonce, claim_ms=ctx.options.claim_ms, wait_s=wait_s,
-                    compacted=seen.args(), meanwhile=staged.prepare,
+                    compacted=seen.args(), meanwhile=ahead.meanwhile(staged, header, batch),
                     offer=offer if wait_s > 0 else None, offering=rider, take=take,
                 )
                 if res.code == "BUSY":
@@ -221,7 +222,7 @@ class Appender:
                     staged = self._stage(sid, header, writing, nonce)
                 key = ctx.layout.segment(sid, header.incarnation, n + 1)
                 ctx.fault("append.before_put", session_id=sid, seq=n + 1)
-                commit = self._commit_options(header, writing, riders)
+                commit = ahead.options(header, writing, riders)
                 early = _EarlyCommit(ctx, sid, header.incarnation, n, writing, commit)
                 staged.before_flush = early.send if ctx.options.commit_during_flush else None
                 try:
@@ -542,6 +543,35 @@ class Appender:
                 )
         except BackendError as exc:
             log.warning("compaction queue not updated for %s: %s", sid, exc)
+
+
+class _Ahead:
+    """What the append can do while CHECK runs (``Coordinator.check``'s ``meanwhile``):
+    stage the segment's bytes (``Staged.prepare``) and work out COMMIT's options for the
+    batch as it stands. They are used when CHECK's answer leaves header and batch as they
+    were and gives no riders; otherwise worked out again."""
+
+    __slots__ = ("_appender", "_for")
+
+    def __init__(self, appender: Appender) -> None:
+        self._appender = appender
+        self._for: tuple[Header, PreparedBatch, dict[str, Any]] | None = None
+
+    def meanwhile(self, staged: Staged, header: Header, batch: PreparedBatch) -> Callable[[], None]:
+        def work() -> None:
+            staged.prepare()
+            try:
+                self._for = (header, batch, self._appender._commit_options(header, batch, ()))
+            except Exception:  # noqa: BLE001 - ``meanwhile`` never raises: done again later
+                self._for = None
+
+        return work
+
+    def options(self, header: Header, batch: PreparedBatch, riders: tuple[str, ...]) -> dict[str, Any]:
+        done = self._for
+        if done is not None and not riders and done[0] is header and done[1] is batch:
+            return done[2]
+        return self._appender._commit_options(header, batch, riders)
 
 
 class _EarlyCommit:

@@ -41,6 +41,8 @@ from store.errors import (
     SessionNotFoundError,
 )
 from store.layout import Layout, check_session_id
+from store.markers import MARKER_TYPE
+from store.model.rules import REDACTION_TYPE
 from store.object_store import ObjectStore
 from store.records import Header, SessionInfo
 
@@ -176,16 +178,17 @@ def _name_of(entry: dict[str, Any]) -> str:
     return js_trim(raw) if isinstance(raw, str) else ""
 
 
+#: A redaction, or the trash's marker (in, out): the next listing rebuilds the summary.
+#: (A tuple: an imported entry's type may be any JSON value, a list too.)
+_RESETS = (REDACTION_TYPE, MARKER_TYPE)
+
+
 def batch_delta(kind: str, entries: Iterable[dict[str, Any]]) -> SummaryDelta:
     """What a batch, committed after everything before it, changes in the summary."""
     if kind != "pi":
         return SummaryDelta()
-    from store.markers import MARKER_TYPE
-    from store.model.rules import REDACTION_TYPE
-
     batch = list(entries)
-    if any(e.get("type") in (REDACTION_TYPE, MARKER_TYPE) for e in batch):
-        # A redaction, or the trash's marker (in, out): the next listing rebuilds the summary.
+    if any(e.get("type") in _RESETS for e in batch):
         return SummaryDelta(reset=True)
     name, first = _name_and_first(batch)
     return SummaryDelta(name=name, first=first)
@@ -212,8 +215,6 @@ def summary_fields(header: Header, data: SessionData, updated_ms: int) -> dict[s
         fields["trash"] = mark.purge_after_ms
     if header.kind == "pi" and not header.encryption:  # see summary_delta
         entries = data.all_entries
-        from store.model.rules import REDACTION_TYPE
-
         if any(e.get("type") == REDACTION_TYPE for e in entries):
             from store.model.session import Session
 
