@@ -16,12 +16,15 @@ Everything else is ``ThreadPoolExecutor``'s contract: at most ``max_workers`` jo
 once, the rest wait in order of submission; a future cancelled before its job starts never
 runs it; ``shutdown(wait=True)`` lets the running and the waiting jobs finish (unless
 ``cancel_futures``) and joins the threads; a job submitted after it is refused
-(``RuntimeError``); at interpreter exit the jobs still running finish first.
+(``RuntimeError``); at interpreter exit the jobs still running finish first. And, which
+``ThreadPoolExecutor`` is not, it is usable in a child made by ``fork``: the child's jobs
+start threads of its own.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import weakref
 from collections import deque
@@ -156,6 +159,20 @@ def _at_exit() -> None:
     for pool in list(_live):
         pool.shutdown(wait=True)
 
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: each pool forgets them (and the jobs
+    they were to run, which are the parent's), so that the child's jobs start threads of its
+    own instead of waiting for threads that do not exist."""
+    for pool in list(_live):
+        pool._lock = threading.Lock()
+        pool._idle = []
+        pool._waiting = deque()
+        pool._threads = []
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _register = getattr(threading, "_register_atexit", None)
 if _register is not None:  # CPython 3.9+: runs before the interpreter joins its threads

@@ -5,6 +5,7 @@ jobs waiting in order, cancellation, shutdown)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import threading
@@ -208,3 +209,29 @@ def test_bad_max_workers_is_refused() -> None:
     for bad in (0, -1, True, 1.5, "2"):
         with pytest.raises(ValueError):
             WarmThreadPool(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork: POSIX only")
+def test_a_forked_child_runs_its_jobs_on_threads_of_its_own() -> None:
+    pool = WarmThreadPool(2)
+    try:
+        parent = pool.submit(threading.get_ident).result(WAIT_S)  # an idle thread, forked away
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, and exit without running the parent's cleanup
+            ok = 1
+            try:
+                got = [pool.submit(os.getpid).result(10) for _ in range(3)]  # not a hang
+                ok = 0 if got == [os.getpid()] * 3 else 2
+            except BaseException:  # noqa: BLE001 - a hang (TimeoutError) or anything: say so
+                ok = 1
+            os.write(write, bytes([ok]))
+            os._exit(0)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        assert os.read(read, 1) == b"\x00"
+        os.close(read)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert pool.submit(threading.get_ident).result(WAIT_S) == parent  # the parent's own goes on
+    finally:
+        pool.shutdown()
