@@ -36,7 +36,7 @@ T = TypeVar("T")
 
 _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
-_live: weakref.WeakSet[WarmThreadPool] = weakref.WeakSet()
+_live: weakref.WeakSet[_Pool] = weakref.WeakSet()
 _exiting = False
 
 
@@ -50,11 +50,38 @@ class _Worker:
 
 
 class WarmThreadPool(Executor):
-    """A thread pool whose next job goes to the thread that went idle last (module doc)."""
+    """A thread pool whose next job goes to the thread that went idle last (module doc).
+
+    Its threads hold the pool's state, never the pool itself: a pool dropped without
+    ``shutdown`` is collected, and its threads then end as at ``shutdown(wait=False)`` (as
+    ``ThreadPoolExecutor``'s do), so an unclosed store does not keep threads for ever."""
 
     def __init__(self, max_workers: int, thread_name_prefix: str = "sessionstore") -> None:
         if not isinstance(max_workers, int) or isinstance(max_workers, bool) or max_workers < 1:
             raise ValueError("max_workers must be a positive integer")
+        self._pool = _Pool(max_workers, thread_name_prefix)
+        weakref.finalize(self, self._pool.shutdown, False)
+
+    @property
+    def threads(self) -> int:
+        """How many threads the pool has started (they are kept until shutdown)."""
+        return len(self._pool._threads)
+
+    @property
+    def _threads(self) -> list[threading.Thread]:
+        return self._pool._threads
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        return self._pool.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._pool.shutdown(wait, cancel_futures=cancel_futures)
+
+
+class _Pool:
+    """The state and the threads of a ``WarmThreadPool``."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
         self._max = max_workers
         self._prefix = thread_name_prefix
         self._lock = threading.Lock()
@@ -64,11 +91,6 @@ class WarmThreadPool(Executor):
         self._numbers = itertools.count()
         self._shutdown = False
         _live.add(self)
-
-    @property
-    def threads(self) -> int:
-        """How many threads the pool has started (they are kept until shutdown)."""
-        return len(self._threads)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         future: Future[T] = Future()

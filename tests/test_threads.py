@@ -5,6 +5,7 @@ jobs waiting in order, cancellation, shutdown)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import subprocess
 import sys
@@ -235,3 +236,18 @@ def test_a_forked_child_runs_its_jobs_on_threads_of_its_own() -> None:
         assert pool.submit(threading.get_ident).result(WAIT_S) == parent  # the parent's own goes on
     finally:
         pool.shutdown()
+
+
+def test_a_pool_dropped_without_shutdown_lets_its_threads_end() -> None:
+    pool = WarmThreadPool(3)
+    gate = threading.Event()
+    futures = [pool.submit(gate.wait, WAIT_S) for _ in range(3)]  # three threads started
+    gate.set()
+    wait(futures, WAIT_S)
+    threads = list(pool._threads)
+    assert len(threads) == 3
+    del pool, futures
+    gc.collect()
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert not [t for t in threads if t.is_alive()]
