@@ -548,33 +548,32 @@ class Appender:
 class _Ahead:
     """What the append can do while CHECK runs (``Coordinator.check``'s ``meanwhile``):
     stage the segment's bytes (``Staged.prepare``) and work out COMMIT's options for the
-    batch as it stands. They are used when CHECK's answer leaves header and batch as they
-    were and gives no riders; otherwise worked out again."""
+    batch as it stands (a pure function of header and batch), kept for the last header and
+    batch seen. With riders (group commit) they are worked out for the combined batch."""
 
-    __slots__ = ("_appender", "_for")
+    __slots__ = ("_appender", "_last")
 
     def __init__(self, appender: Appender) -> None:
         self._appender = appender
-        self._for: tuple[Header, PreparedBatch, dict[str, Any]] | None = None
+        self._last: tuple[Header, PreparedBatch, dict[str, Any]] | None = None
 
     def meanwhile(self, staged: Staged, header: Header, batch: PreparedBatch) -> Callable[[], None]:
         def work() -> None:
             staged.prepare()
-            done = self._for
-            if done is not None and done[0] is header and done[1] is batch:
-                return  # a CHECK again (a wait in the queue, a rebuild): worked out already
             try:
-                self._for = (header, batch, self._appender._commit_options(header, batch, ()))
-            except Exception:  # noqa: BLE001 - ``meanwhile`` never raises: done again later
-                self._for = None
+                self.options(header, batch, ())
+            except Exception as exc:  # noqa: BLE001 - ``meanwhile`` never raises: done again later
+                log.debug("COMMIT's options left for after CHECK: %s", exc)
 
         return work
 
     def options(self, header: Header, batch: PreparedBatch, riders: tuple[str, ...]) -> dict[str, Any]:
-        done = self._for
-        if done is not None and not riders and done[0] is header and done[1] is batch:
-            return done[2]
-        return self._appender._commit_options(header, batch, riders)
+        if riders:
+            return self._appender._commit_options(header, batch, riders)
+        last = self._last
+        if last is None or last[0] is not header or last[1] is not batch:
+            last = self._last = (header, batch, self._appender._commit_options(header, batch, ()))
+        return last[2]
 
 
 class _EarlyCommit:

@@ -67,10 +67,6 @@ class WarmThreadPool(Executor):
         """How many threads the pool has started (they are kept until shutdown)."""
         return len(self._pool._threads)
 
-    @property
-    def _threads(self) -> list[threading.Thread]:
-        return self._pool._threads
-
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         return self._pool.submit(fn, *args, **kwargs)
 
