@@ -196,6 +196,13 @@ class Appender:
                 if res.code == "COLLISION":
                     raise IdCollisionError(sid, res.entry_id, res.detail)
                 if res.code == "CONFLICT":
+                    # The expected tail may be a segment Redis has not heard of (its writer died
+                    # between PUT and COMMIT, and a reader showed it to our caller): roll the
+                    # slot after Redis's tail forward once, then decide again. Without this
+                    # every caller that read past Redis would conflict until something probed.
+                    if rebuilt_for != res.seq and self.tail.roll_forward_probe(sid, header, res.seq):
+                        rebuilt_for = res.seq
+                        continue
                     raise ConflictError(sid, expected, res.last or None, res.seq)
                 if res.code == "UNKNOWN_PARENT":
                     # Redis may lag behind the object store (a writer died before its commit):

@@ -280,6 +280,37 @@ def test_segment_redis_never_heard_of_is_read_and_rolled_forward(make_store: Cal
     assert r.seq == 3
 
 
+def test_an_expected_tail_redis_never_heard_of_is_rolled_forward_not_refused(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """A writer died between PUT and COMMIT; a reader saw its segment (the read path probes)
+    and appends after it. The conflict CHECK answers is Redis lagging, not another writer:
+    the append rolls the segment forward and lands, here and at every later attempt (before,
+    each attempt conflicted until something else probed the tail)."""
+
+    class Crash(Exception):
+        pass
+
+    def crash_after_put(point: str, ctx: dict[str, Any]) -> None:
+        if point in ("append.after_put", "append.commit_sent"):
+            raise Crash()
+
+    crashing = make_store(fault_hook=crash_after_put)
+    healthy = make_store()
+    crashing.create_session("lag")
+    healthy.append_session_entries("lag", [entry("a", None)])
+    with pytest.raises(Crash):
+        crashing.append_session_entries("lag", [entry("b", "a")])
+    assert [e["id"] for e in healthy.load_session_entries("lag")] == ["a", "b"]
+    assert healthy.coord.tail("lag").seq == 1  # type: ignore[union-attr]
+    r = healthy.append_session_entries("lag", [entry("c", "b")], "b")
+    assert r.seq == 3
+    # A real conflict is still one: the tail is c, not b.
+    with pytest.raises(ConflictError):
+        healthy.append_session_entries("lag", [entry("d", "b")], "b")
+    assert [e["id"] for e in healthy.load_session_entries("lag")] == ["a", "b", "c"]
+
+
 def test_delete_then_recreate_starts_clean(store: SessionStore) -> None:
     store.create_session("del")
     store.append_session_entries("del", [entry("a", None)])

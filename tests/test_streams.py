@@ -17,6 +17,7 @@ import store.streams as streams_module
 from store import SessionStore
 from store.errors import SessionNotFoundError
 from store.streams import (
+    Producer,
     START,
     StreamExistsError,
     StreamGoneError,
@@ -189,3 +190,37 @@ def test_a_repeated_fork_create_leaves_one_registration(make_store: Callable[...
     assert b"".join(s.read("fork", START).messages) == b"one;"
     s.delete("fork")
     assert _leftovers(s.store, "src", "fork") == []
+
+
+def test_a_producer_goes_on_after_a_process_died_between_put_and_commit(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """A process dies after its segment's PUT, before COMMIT. Another process's reader meets
+    the segment (reads probe) and caches the state past Redis's tail; its producers then
+    condition every append on that state. Each CHECK conflicted with Redis's older tail and
+    nothing rolled the segment forward: the stream answered "the tail kept moving" for good.
+    The append's conflict now rolls it forward, and the producer's re-send is a duplicate."""
+
+    class Died(BaseException):
+        pass
+
+    def die(point: str, ctx: dict[str, object]) -> None:
+        if point in ("append.after_put", "append.commit_sent"):
+            raise Died()
+
+    json_type = "application/json"
+    first = Streams(make_store())
+    first.create("crash/s1", content_type=json_type)
+    first.append("crash/s1", [{"n": 0}], content_type=json_type, producer=Producer("p", 0, 0))
+    with pytest.raises(Died):
+        Streams(make_store(fault_hook=die)).append(
+            "crash/s1", [{"n": 1}], content_type=json_type, producer=Producer("p", 0, 1)
+        )
+    other = Streams(make_store())
+    assert other.read("crash/s1", START).messages == [{"n": 0}, {"n": 1}]
+    again = other.append("crash/s1", [{"n": 1}], content_type=json_type, producer=Producer("p", 0, 1))
+    assert again.duplicate
+    nxt = other.append("crash/s1", [{"n": 2}], content_type=json_type, producer=Producer("p", 0, 2))
+    assert not nxt.duplicate
+    assert other.read("crash/s1", START).messages == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert other.store.coord.tail(stream_session_id("crash/s1")).seq == 3  # type: ignore[union-attr]
