@@ -109,6 +109,10 @@ class EmbeddedRedis:
         script: it will answer), or ``down``."""
         if not self.socket.exists():
             return "down"
+        if self.socket.parent != self.dir and not self.held():
+            # A long path's socket lives outside the directory and outlives its removal: the
+            # server answering there serves no directory unless it holds this one's lock.
+            return "down"
         try:
             client = self._client(timeout=1)
             try:

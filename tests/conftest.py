@@ -1,9 +1,14 @@
 """Shared fixtures: real servers over real connections (never mocks of boto3 or redis-py).
 
-By default every test that uses S3 runs twice, once per local S3 backend (test ids ``[moto]``
-and ``[seaweedfs]``), each server started once per session: moto's S3 server (real HTTP,
-loopback, with the harness' write lock) and SeaweedFS (``weed mini``, a real object store;
-see tests/harness/seaweedfs.py). Redis is a redis-server process started once per session.
+Two local S3 backends, each server started once per session (per xdist worker): moto's S3
+server (real HTTP, loopback, with the harness' write lock) and SeaweedFS (``weed mini``, a real
+object store; see tests/harness/seaweedfs.py). Redis is a redis-server process started once per
+session. A test runs on each backend where its behaviour can differ: the modules in
+``EVERY_BACKEND`` (the object-store contract, the append/read/compaction protocols, pauses,
+faults, outages, multi-process and soak tests) run once per backend (test ids ``[moto]`` and
+``[seaweedfs]``); every other S3 test (features used through the public API: adapters, CLI,
+HTTP, pi files, ...) runs on the first selected backend only. ``SESSIONSTORE_TEST_S3_EVERY=1``
+runs every S3 test on every selected backend.
 These environment variables change that (see infra/README.md and the README):
 
 * ``SESSIONSTORE_TEST_S3_BACKENDS``: a comma-separated subset of ``moto,seaweedfs`` (default
@@ -83,6 +88,19 @@ EXTERNAL_REDIS_URL = os.environ.get("SESSIONSTORE_TEST_REDIS_URL") or None
 #: The local S3 backends, in the order their tests run.
 S3_BACKENDS = ("moto", "seaweedfs")
 
+#: Test modules whose behaviour depends on the object store's own semantics (conditional
+#: creates and deletes, listing order and pages, errors, latency under concurrency): each of
+#: their S3 tests runs on every selected backend. The rest use the store through its public
+#: API, where a backend is held to the contract once: one backend is enough.
+EVERY_BACKEND = frozenset({
+    "test_objects", "test_store", "test_pauses", "test_faults", "test_outages",
+    "test_multiprocess", "test_durability", "test_group_commit", "test_incarnation_races",
+    "test_compacted_ids", "test_compactor", "test_gc_schedule", "test_model_based",
+    "test_listing", "test_resume", "test_tiered", "test_fair_appends", "test_idle_state",
+    "test_streams", "test_soak", "test_compactor_soak", "test_layout", "test_harness",
+    "test_cluster", "test_http_kills",
+})
+
 _SKIP_EXTERNAL_REDIS = (
     "SESSIONSTORE_TEST_REDIS_URL points at an external Redis: this test needs a redis-server "
     "process of its own (to kill, pause or restart)"
@@ -114,13 +132,26 @@ def selected_s3_backends() -> tuple[str, ...]:
     return names
 
 
+def _every_backend() -> bool:
+    return os.environ.get("SESSIONSTORE_TEST_S3_EVERY", "").strip().lower() not in ("", "0", "false", "no")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "s3_backends(*names, reason): run only against these S3 backends (moto, seaweedfs, "
         "external); skipped, with the reason, when the run has none of them",
     )
+    config.addinivalue_line(
+        "markers",
+        "long: takes a minute or more on its own; collected first, so that parallel workers "
+        "start the long tests early instead of ending the run with them",
+    )
     selected_s3_backends()  # a bad SESSIONSTORE_TEST_S3_BACKENDS is a usage error up front
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: order kept otherwise
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -128,11 +159,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "s3_backend" not in metafunc.fixturenames:
         return
     selected = selected_s3_backends()
+    one = metafunc.module.__name__.rpartition(".")[2] not in EVERY_BACKEND and not _every_backend()
     marker = metafunc.definition.get_closest_marker("s3_backends")
     if marker is None:
-        params = [pytest.param(backend, id=backend) for backend in selected]
+        params = [pytest.param(backend, id=backend) for backend in selected[: 1 if one else None]]
     elif any(backend in marker.args for backend in selected):
-        params = [pytest.param(backend, id=backend) for backend in selected if backend in marker.args]
+        ours = [backend for backend in selected if backend in marker.args]
+        params = [pytest.param(backend, id=backend) for backend in ours[: 1 if one else None]]
     else:  # none of its backends in this run: one skipped id per backend, with the reason
         reason = f"{', '.join(marker.args)} only: {marker.kwargs.get('reason') or 'needs that backend'}"
         params = [pytest.param(b, id=b, marks=pytest.mark.skip(reason=reason)) for b in selected]

@@ -116,6 +116,7 @@ def _smoke_run(tmp_path: Path, args: list[str], timeout: float, what: str) -> di
     return data
 
 
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_smoke_run_produces_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "results"
@@ -153,6 +154,7 @@ def test_smoke_run_produces_every_figure(tmp_path: Path) -> None:
         assert meta["plot"] and Path(meta["plot"]).is_file()
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_scale_smoke_run_produces_the_counted_figures(tmp_path: Path) -> None:
     """``--only scale`` (optional, so not in the run above): counts, never times."""

@@ -123,6 +123,7 @@ def _reader(objects_url: str, redis_url: str, prefix: str, rid: int, logs: list[
     store.close()
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_soak_three_compactors_four_writers_two_readers(
     s3_url: str, redis_url: str, redis_prefix: str, tmp_path: Path

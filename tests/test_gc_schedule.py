@@ -42,6 +42,7 @@ def compacted(store: SessionStore, clock: FakeClock, sid: str, segments: int = 3
     assert compactor_for(store, clock).compact_session(sid).outcome == "compacted"
 
 
+@pytest.mark.long
 def test_only_due_sessions_cost_object_requests(store: SessionStore) -> None:
     clock = FakeClock()
     gc = scheduler(store, clock)

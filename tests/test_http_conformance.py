@@ -182,6 +182,7 @@ def check_suite(run: SuiteRun, servers: Sequence[ServeProcess], extra: str = "")
 # --- the tests -------------------------------------------------------------------------------
 
 
+@pytest.mark.long
 def test_conformance_two_servers_on_s3_and_redis_behind_a_balancer(
     s3_url: str, redis_url: str, redis_prefix: str, tmp_path: Path
 ) -> None:
@@ -201,6 +202,7 @@ def test_conformance_two_servers_on_s3_and_redis_behind_a_balancer(
         assert count > total * 0.25, f"{server.url} served too small a share: {spread}"
 
 
+@pytest.mark.long
 def test_conformance_one_server_on_the_embedded_default(tmp_path: Path) -> None:
     """``sessionstore --objects DIR serve``: a local directory and its embedded redis-server."""
     _require_suite()

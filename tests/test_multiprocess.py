@@ -88,6 +88,7 @@ def six_writers_keep_every_promise(
     assert sum(len(store.load_session_entries(s)) for s in sessions) == total
 
 
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_six_processes_three_sessions(
     s3_url: str, redis_url: str, redis_prefix: str, tmp_path: Path

@@ -33,6 +33,7 @@ def _seaweedfs_available() -> str | None:
     pytest.param("seaweedfs", marks=pytest.mark.skipif(bool(_seaweedfs_available()),
                                                        reason=str(_seaweedfs_available()))),
 ])
+@pytest.mark.long
 def test_short_soak_breaks_no_guarantee(backend: str, tmp_path: Path) -> None:
     if os.environ.get("SESSIONSTORE_TEST_S3_URL") or os.environ.get("SESSIONSTORE_TEST_REDIS_URL"):
         pytest.skip("the soak starts, kills and pauses servers of its own")
