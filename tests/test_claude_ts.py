@@ -57,7 +57,7 @@ def test_the_module_is_the_sdks_session_store_by_its_own_types() -> None:
 @pytest.fixture
 def served(make_store: Callable[..., SessionStore]) -> Iterator[tuple[str, SessionStore]]:
     store = make_store()
-    service = StreamService(store, tokens=Tokens.parse_env("acme:tok-acme"))
+    service = StreamService(store, tokens=Tokens.parse_env("acme:tok-acme-0123456789"))
     with AsgiServer(service.app) as server:
         yield server.url, store
 
@@ -67,7 +67,7 @@ def test_sdk_functions_and_contract_over_http(served: tuple[str, SessionStore], 
     base, store = served
     config = tmp_path / "claude"
     shutil.copytree(FIXTURE, config)
-    env = {**os.environ, "BASE": base, "TOKEN": "tok-acme", "CLAUDE_CONFIG_DIR": str(config),
+    env = {**os.environ, "BASE": base, "TOKEN": "tok-acme-0123456789", "CLAUDE_CONFIG_DIR": str(config),
            "DIR": PROJECT_DIR, "SID": SID, "PROJECT_KEY": PROJECT_KEY}
     r = subprocess.run([node, str(NODE_DIR / "claude-store-check.mjs")], cwd=NODE_DIR, env=env,
                        capture_output=True, text=True, timeout=240)

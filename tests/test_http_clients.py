@@ -42,12 +42,12 @@ def _need_node() -> str:
 
 @pytest.fixture
 def service_url(make_store: Callable[..., SessionStore]) -> Iterator[str]:
-    service = StreamService(make_store(), tokens=Tokens.parse_env("acme:secret-acme"))
+    service = StreamService(make_store(), tokens=Tokens.parse_env("acme:secret-acme-0123456789"))
     with AsgiServer(service.app) as server:
         yield server.url
 
 
-AUTH = {"Authorization": "Bearer secret-acme"}
+AUTH = {"Authorization": "Bearer secret-acme-0123456789"}
 
 
 def test_python_client_creates_appends_reads_and_follows(service_url: str) -> None:
@@ -145,7 +145,7 @@ def test_pi_mirror_copies_a_live_pi_session_file_as_it_grows(service_url: str, t
     live = tmp_path / "session.jsonl"
     live.write_text(source[0])
     url = service_url + "/v1/stream/acme/mirrored"
-    env = {**os.environ, "SESSIONSTORE_TOKEN": "secret-acme"}
+    env = {**os.environ, "SESSIONSTORE_TOKEN": "secret-acme-0123456789"}
     cmd = [node, str(DS_NODE / "pi-mirror.mjs"), str(live), url, "--idle", "2"]
     mirror = subprocess.Popen(cmd, cwd=DS_NODE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

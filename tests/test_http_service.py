@@ -59,8 +59,8 @@ def read_all(client: httpx.Client, url: str, offset: str = "-1") -> tuple[bytes,
 # --- bad input -------------------------------------------------------------------------------
 
 
-TOKENS = Tokens.parse_env("acme:tok-acme,beta:tok-beta")
-ACME = {"authorization": "Bearer tok-acme"}
+TOKENS = Tokens.parse_env("acme:tok-acme-0123456789,beta:tok-beta-0123456789")
+ACME = {"authorization": "Bearer tok-acme-0123456789"}
 
 
 def _cases(json_url: str, text_url: str, beta_url: str) -> list[tuple[str, dict[str, Any], int, str]]:
@@ -125,7 +125,7 @@ def _cases(json_url: str, text_url: str, beta_url: str) -> list[tuple[str, dict[
 def test_every_bad_input_gets_its_status_and_problem_and_writes_nothing(serve) -> None:
     service, base = serve(tokens=TOKENS, max_body=4096, max_messages=10)
     json_url, text_url, beta_url = (base + ROOT + p for p in ("acme/json", "acme/text", "beta/text"))
-    beta = {"authorization": "Bearer tok-beta"}
+    beta = {"authorization": "Bearer tok-beta-0123456789"}
     with httpx.Client(timeout=30) as c:
         assert c.put(json_url, headers={**ACME, "content-type": "application/json"}, content=b'[{"a":1}]').status_code == 201
         assert c.put(text_url, headers={**ACME, "content-type": "text/plain"}, content=b"hello").status_code == 201
@@ -439,7 +439,7 @@ def test_a_session_is_a_stream_with_entry_ids_as_its_idempotency_key(serve) -> N
 def test_session_extras_list_context_fork_redact_export_import(serve) -> None:
     _, a = serve(tokens=TOKENS)
     js = {"content-type": "application/json"}
-    acme, beta = {**ACME, **js}, {"authorization": "Bearer tok-beta", **js}
+    acme, beta = {**ACME, **js}, {"authorization": "Bearer tok-beta-0123456789", **js}
     with httpx.Client(timeout=30) as c:
         for i in range(5):
             entries = [_entry(f"a{i}-1", None, f"question {i}"), _entry(f"a{i}-2", f"a{i}-1", f"more {i}")]

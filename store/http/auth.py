@@ -10,6 +10,11 @@ Tokens come from a JSON file (``sessionstore serve --tokens FILE``)::
 
 or from the environment, ``SESSIONSTORE_TOKENS="acme:<token>,beta:<token>"``. Only digests are
 kept in memory and compared (in constant time); tokens are never logged.
+
+A configuration that could not mean what it says is refused at start
+(:class:`InvalidInputError`): a token shorter than :data:`MIN_TOKEN_CHARS`, a token or a tenant
+name with surrounding whitespace (in the environment, whitespace around an item is dropped,
+never inside it), a malformed entry, and one token (or digest) under two tenants.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from store.errors import InvalidInputError
 
 ENV_TOKENS = "SESSIONSTORE_TOKENS"
 ALL_TENANTS = "*"
+#: The shortest token accepted: a guessable token is no boundary between tenants.
+MIN_TOKEN_CHARS = 16
 
 
 def _digest(token: str) -> bytes:
@@ -40,15 +47,16 @@ class Tokens:
     @classmethod
     def parse_env(cls, value: str) -> Tokens:
         pairs: list[tuple[bytes, str]] = []
-        for item in value.split(","):
+        for n, item in enumerate(value.split(","), 1):
             item = item.strip()
             if not item:
                 continue
             tenant, sep, token = item.partition(":")
             if not sep or not tenant or not token:
-                raise InvalidInputError(f"{ENV_TOKENS}: each item is tenant:token")
-            pairs.append((_digest(token), _check_tenant(tenant)))
-        return cls(tuple(pairs))
+                raise InvalidInputError(f"{ENV_TOKENS}: item {n} is not tenant:token")
+            where = f"{ENV_TOKENS}: item {n}"
+            pairs.append((_digest(_check_token(token, where)), _check_tenant(tenant, where)))
+        return cls.of(pairs, ENV_TOKENS)
 
     @classmethod
     def load(cls, path: str | Path) -> Tokens:
@@ -61,8 +69,10 @@ class Tokens:
             raise InvalidInputError(f'tokens file {path}: expected {{"tenants": {{"name": ["token", ...]}}}}')
         pairs: list[tuple[bytes, str]] = []
         for tenant, tokens in tenants.items():
-            if not isinstance(tokens, list) or not all(isinstance(t, str) and t for t in tokens):
-                raise InvalidInputError(f"tokens file {path}: tenant {tenant!r} needs a list of tokens")
+            where = f"tokens file {path}: tenant {tenant!r}"
+            _check_tenant(tenant, where)
+            if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+                raise InvalidInputError(f"{where} needs a list of tokens")
             for token in tokens:
                 if token.startswith("sha256:"):
                     try:
@@ -72,8 +82,20 @@ class Tokens:
                     if len(digest) != 32:
                         raise InvalidInputError(f"tokens file {path}: a bad sha256: digest")
                 else:
-                    digest = _digest(token)
-                pairs.append((digest, _check_tenant(tenant)))
+                    digest = _digest(_check_token(token, where))
+                pairs.append((digest, tenant))
+        return cls.of(pairs, f"tokens file {path}")
+
+    @classmethod
+    def of(cls, pairs: list[tuple[bytes, str]], where: str) -> Tokens:
+        """The tokens of ``pairs``, none of them under two tenants (nor twice under one)."""
+        seen: dict[bytes, str] = {}
+        for digest, tenant in pairs:
+            if digest in seen:
+                other = seen[digest]
+                also = "twice" if other == tenant else f"under tenants {other!r} and {tenant!r}"
+                raise InvalidInputError(f"{where}: one token is listed {also}")
+            seen[digest] = tenant
         return cls(tuple(pairs))
 
     @classmethod
@@ -104,10 +126,20 @@ def may_access(tenant: str, stream_name: str) -> bool:
     return tenant == ALL_TENANTS or stream_name.startswith(tenant + "/")
 
 
-def _check_tenant(tenant: str) -> str:
-    if tenant != ALL_TENANTS and (not tenant or "/" in tenant or tenant in (".", "..")):
-        raise InvalidInputError(f"tenant {tenant!r}: a name without '/'")
+def _check_tenant(tenant: str, where: str) -> str:
+    if tenant == ALL_TENANTS:
+        return tenant
+    if not tenant or "/" in tenant or tenant in (".", "..") or tenant != tenant.strip():
+        raise InvalidInputError(f"{where}: tenant {tenant!r} is not a name (no '/', no surrounding spaces)")
     return tenant
 
 
-__all__ = ["ALL_TENANTS", "ENV_TOKENS", "Tokens", "may_access"]
+def _check_token(token: str, where: str) -> str:
+    if token != token.strip():
+        raise InvalidInputError(f"{where}: a token has surrounding whitespace (it could never match)")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise InvalidInputError(f"{where}: a token is shorter than {MIN_TOKEN_CHARS} characters")
+    return token
+
+
+__all__ = ["ALL_TENANTS", "ENV_TOKENS", "MIN_TOKEN_CHARS", "Tokens", "may_access"]
