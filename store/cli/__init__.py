@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from store.cli import commands
 from store.cli.claude import add_claude_commands
 from store.cli.retention import add_retention_commands
+from store.cli.serve import add_serve_arguments
 from store.cli.common import (
     ENV_DEBUG,
     ENV_OBJECTS,
@@ -182,17 +183,7 @@ def _add_follow_command(add: _Add) -> None:
 
 def _add_serve_command(add: _Add) -> None:
     p = add("serve", "serve every stream and session over HTTP (the Durable Streams protocol)", commands.cmd_serve)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
-    p.add_argument("--port", type=int, default=4437, help="port (default %(default)s)")
-    p.add_argument("--long-poll-timeout", type=float, default=2.0, metavar="SECONDS",
-                   help="how long a long-poll waits at the tail before answering 204 (default %(default)s)")
-    p.add_argument("--sse-max", type=float, default=60.0, metavar="SECONDS",
-                   help="how long one SSE response stays open; clients reconnect (default %(default)s)")
-    p.add_argument("--tokens", metavar="FILE",
-                   help='bearer tokens per tenant, JSON {"tenants": {"acme": ["TOKEN", ...]}} '
-                        "(env SESSIONSTORE_TOKENS=acme:TOKEN,...); without tokens: loopback only")
-    p.add_argument("--max-body", type=int, default=12 * 1024 * 1024, metavar="BYTES",
-                   help="largest request body (default %(default)s; more is 413)")
+    add_serve_arguments(p)
 
 
 def _add_removal_commands(add: _Add) -> None:

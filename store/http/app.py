@@ -3,7 +3,8 @@
 Streams live at ``/v1/stream/{path}`` and speak the protocol of the Durable Streams
 specification (``PROTOCOL.md``, version 1.0): ``PUT`` create (and fork), ``POST`` append
 and close, ``GET`` catch-up, long-poll and SSE reads, ``HEAD``, ``DELETE``; JSON mode,
-``Stream-Seq``, idempotent producers, TTL and Expires-At, ETags, CORS. What a stream *is*
+``Stream-Seq``, idempotent producers, TTL and Expires-At, ETags, CORS (for the origins
+allowed: ``store/http/guard.py``, which also checks ``Host`` and ``Origin``). What a stream *is*
 (records, offsets, producer state, forks) is ``store/streams.py``; this module is the wire.
 
 Processes share nothing but the object store and Redis: any number of them serve the same
@@ -24,13 +25,13 @@ import logging
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
 import orjson
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
@@ -50,6 +51,7 @@ from store.errors import (
 )
 from store.http.auth import Tokens, may_access
 from store.http.claude import CLAUDE_ROOT, ClaudeRoutes
+from store.http.guard import DEFAULT_BODY_TIMEOUT_S, Guard, problem_body
 from store.model.js_json import encode_json
 from store.http.notify import Notifier
 from store.http.sessions import SESSIONS_ROOT, SessionRoutes
@@ -91,27 +93,10 @@ _OFFSET_PARAM = re.compile(r"-1|now|\d+_\d+")
 _UINT = re.compile(r"0|[1-9]\d*")
 _DIGITS = re.compile(r"\d+")
 _MAX_SAFE_INT = 2**53 - 1
+_MAX_TTL_S = 2**53 // 1000 // 2
 _CURSOR_EPOCH_S = datetime.fromisoformat("2024-10-09T00:00:00+00:00").timestamp()
 _CURSOR_INTERVAL_S = 20
 
-_ALLOW_HEADERS = (
-    "Content-Type, Authorization, If-None-Match, If-Match, Stream-Seq, Stream-TTL, "
-    "Stream-Expires-At, Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq, "
-    "Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset"
-)
-_EXPOSE_HEADERS = (
-    "Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Stream-TTL, "
-    "Stream-Expires-At, Stream-SSE-Data-Encoding, Producer-Epoch, Producer-Seq, "
-    "Producer-Expected-Seq, Producer-Received-Seq, ETag, Content-Type, Location"
-)
-_COMMON_HEADERS = [
-    (b"x-content-type-options", b"nosniff"),
-    (b"cross-origin-resource-policy", b"cross-origin"),
-    (b"access-control-allow-origin", b"*"),
-    (b"access-control-allow-methods", b"GET, POST, PUT, DELETE, HEAD, OPTIONS"),
-    (b"access-control-allow-headers", _ALLOW_HEADERS.encode()),
-    (b"access-control-expose-headers", _EXPOSE_HEADERS.encode()),
-]
 
 
 #: The store's refusals and their answers, the first class that matches winning (order
@@ -139,6 +124,10 @@ class HttpError(Exception):
         self.headers = headers or {}
 
 
+class ClientGone(Exception):
+    """The client disconnected before its request's body ended."""
+
+
 class StreamService:
     """The protocol on one store. ``app`` is the ASGI application."""
 
@@ -153,6 +142,9 @@ class StreamService:
         max_messages: int = 10_000,
         threads: int = 32,
         tokens: Tokens | None = None,
+        cors_origins: Sequence[str] = (),
+        allowed_hosts: Sequence[str] = (),
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
         self.store = store
         self.tokens = tokens
@@ -177,7 +169,12 @@ class StreamService:
             ],
             lifespan=self._lifespan,
         )
-        self.app.add_middleware(_CommonHeaders)
+        # Host is checked without tokens (loopback: against DNS rebinding) or when names are
+        # given; Origin and CORS always (store/http/guard.py).
+        self.app.add_middleware(
+            Guard, check_host=tokens is None or bool(allowed_hosts), allowed_hosts=allowed_hosts,
+            cors_origins=cors_origins, body_timeout_s=body_timeout_s,
+        )
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -240,6 +237,10 @@ class StreamService:
         """``await respond()``, every refusal turned into its status and problem document."""
         try:
             return await respond()
+        except ClientGone as exc:
+            # Nobody to answer, nothing written: one line, no traceback.
+            log.info("%s %s: %s", request.method, request.url.path, exc)
+            return Response(status_code=400, headers={"connection": "close"})
         except HttpError as exc:
             return _problem(exc.status, exc.code, exc.detail, exc.headers)
         except TailMismatchError as exc:
@@ -314,16 +315,14 @@ class StreamService:
         if sub is not None:
             if fork_from is None:
                 raise HttpError(400, "bad-request", "Stream-Fork-Sub-Offset needs Stream-Forked-From")
-            if not _UINT.fullmatch(sub):
-                raise HttpError(400, "bad-request", "Stream-Fork-Sub-Offset is a non-negative integer")
-            fork_sub = int(sub)
+            fork_sub = uint(sub, "Stream-Fork-Sub-Offset")
         if fork_offset is not None and fork_from is None:
             raise HttpError(400, "bad-request", "Stream-Fork-Offset needs Stream-Forked-From")
         offset = None
         if fork_offset is not None:
             offset = Offset.parse(fork_offset) if fork_offset != "-1" else START
         content_type = h.get("content-type") or None
-        body = await self._body(request)
+        body = await self.read_body(request)
         msgs = _messages(body, content_type, allow_empty_array=True) if body else []
         if fork_from is not None:
             fork_from = _stream_name(fork_from)
@@ -362,7 +361,7 @@ class StreamService:
         close = _flag(h.get("stream-closed"))
         stream_seq = h.get("stream-seq")
         content_type = h.get("content-type") or None
-        body = await self._body(request)
+        body = await self.read_body(request)
         if not body and not close:
             raise HttpError(400, "empty-body", "an append needs a body")
         if body and content_type is None:
@@ -419,9 +418,13 @@ class StreamService:
         else:
             etag = f'"{info.session_id}:{offset}:{res.next_offset}{":c" if res.closed else ""}"'
             headers["ETag"] = etag
+            # With tokens an answer is one tenant's: no shared cache may keep it.
+            scope = "public" if self.tokens is None else "private"
             headers["Cache-Control"] = (
-                "no-store" if res.up_to_date else "public, max-age=60, stale-while-revalidate=300"
+                "no-store" if res.up_to_date else f"{scope}, max-age=60, stale-while-revalidate=300"
             )
+            if self.tokens is not None:
+                headers["Vary"] = "Authorization"
             if request.headers.get("if-none-match") == etag:
                 return Response(status_code=304, headers=headers)
         return Response(_body_of(info, res.batches), status_code=200, headers=headers)
@@ -533,21 +536,23 @@ class StreamService:
     # --- helpers ------------------------------------------------------------------------------
 
     async def read_body(self, request: Request) -> bytes:
-        return await self._body(request)
-
-    async def _body(self, request: Request) -> bytes:
         """The whole body, or 413 after draining it (answering while a client still sends
-        would reset its connection)."""
+        would reset its connection): every route reads its body here, so one limit
+        (``max_body``) holds for all. A client gone before its body ended is
+        :class:`ClientGone`."""
         chunks: list[bytes] = []
         size = 0
         over = False
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body:
-                over = True
-                chunks.clear()
-            elif not over:
-                chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body:
+                    over = True
+                    chunks.clear()
+                elif not over:
+                    chunks.append(chunk)
+        except ClientDisconnect:
+            raise ClientGone(f"the client left after {size} bytes of its body") from None
         if over:
             raise HttpError(413, "too-large", f"the body is over {self.max_body} bytes")
         return b"".join(chunks)
@@ -578,34 +583,9 @@ class StreamService:
 # --- the wire ------------------------------------------------------------------------------------
 
 
-class _CommonHeaders:
-    """Security and CORS headers on every response, errors and SSE included."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = list(message.get("headers", [])) + _COMMON_HEADERS
-            await send(message)
-
-        await self.app(scope, receive, send_with)
-
-
 def _problem(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> Response:
     """An RFC 9457 problem document naming the error class."""
-    body = orjson.dumps({
-        "type": f"https://sessionstore.dev/problems/{code}",
-        "title": code.replace("-", " "),
-        "status": status,
-        "detail": detail,
-        "code": code,
-    })
+    body = problem_body(status, code, detail)
     all_headers = {"content-type": "application/problem+json"}
     all_headers.update(headers or {})
     return Response(body, status_code=status, headers=all_headers)
@@ -635,12 +615,24 @@ def _flag(value: str | None) -> bool:
     return value is not None and value.strip().lower() == "true"
 
 
+def uint(value: str, what: str, largest: int = _MAX_SAFE_INT, *, zeros: bool = False) -> int:
+    """``value`` as a non-negative integer of at most ``largest`` (leading zeros only if
+    ``zeros``), else 400: every integer of a stream request's headers and query is read here
+    (the sessions' routes have theirs), and a number of thousands of digits is refused by
+    its length before Python converts it."""
+    if not (_DIGITS if zeros else _UINT).fullmatch(value):
+        raise HttpError(400, "bad-request", f"{what} is an integer from 0 to {largest}")
+    digits = value.lstrip("0") or "0"
+    if len(digits) > len(str(largest)) or int(digits) > largest:
+        raise HttpError(400, "bad-request", f"{what} is an integer from 0 to {largest}")
+    return int(digits)
+
+
 def _ttl(value: str | None) -> int | None:
     if value is None:
         return None
-    if not _UINT.fullmatch(value):
-        raise HttpError(400, "bad-request", "Stream-TTL is a whole number of seconds")
-    return int(value)
+    # Seconds: at most 2^53 ms, halved, so that any clock plus it stays an exact integer.
+    return uint(value, "Stream-TTL", _MAX_TTL_S)
 
 
 def _expires_at(value: str | None) -> tuple[str | None, int | None]:
@@ -665,12 +657,7 @@ def _producer(h: Any) -> Producer | None:
         raise HttpError(400, "bad-request", "Producer-Id, Producer-Epoch and Producer-Seq go together")
     if not pid:
         raise HttpError(400, "bad-request", "Producer-Id is empty")
-    if not _DIGITS.fullmatch(epoch) or not _DIGITS.fullmatch(seq):
-        raise HttpError(400, "bad-request", "Producer-Epoch and Producer-Seq are non-negative integers")
-    e, s = int(epoch), int(seq)
-    if e > _MAX_SAFE_INT or s > _MAX_SAFE_INT:
-        raise HttpError(400, "bad-request", "Producer-Epoch and Producer-Seq are at most 2^53-1")
-    return Producer(pid, e, s)
+    return Producer(pid, uint(epoch, "Producer-Epoch", zeros=True), uint(seq, "Producer-Seq", zeros=True))
 
 
 def _messages(body: bytes, content_type: str | None, *, allow_empty_array: bool) -> list[Any]:
@@ -701,8 +688,8 @@ def _cursor(client: str | None) -> str:
     """The CDN-collapsing cursor of the protocol: the current 20 s interval, or strictly
     past the client's when the client is already there."""
     current = int((time.time() - _CURSOR_EPOCH_S) // _CURSOR_INTERVAL_S)
-    if client is not None and _DIGITS.fullmatch(client):
-        theirs = int(client)
+    if client is not None and _DIGITS.fullmatch(client):  # any other cursor is not ours
+        theirs = uint(client, "cursor", zeros=True)
         if theirs >= current:
             return str(theirs + max(1, -(-random.randint(1, 3600) // _CURSOR_INTERVAL_S)))
     return str(current)

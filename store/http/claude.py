@@ -72,7 +72,7 @@ class ClaudeRoutes:
             raise InvalidInputError("the Claude routes are POST /v1/claude/<method>")
         tenant = self.service.tenant_of(request)
         try:
-            body = orjson.loads(await request.body())
+            body = orjson.loads(await self.service.read_body(request))
         except orjson.JSONDecodeError:
             raise InvalidInputError("the body is not JSON") from None
         if not isinstance(body, dict):

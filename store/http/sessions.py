@@ -18,23 +18,31 @@ Errors are RFC 9457 problem documents, as on the stream routes; tenants' tokens 
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from store.errors import InvalidInputError
+from store.errors import InvalidInputError, SessionExistsError
+from store.http.auth import ALL_TENANTS
+from store.layout import check_session_id
+from store.listing import MAX_PAGE as STORE_PAGE
 from store.listing import SessionFilter
 from store.streams import PI_KIND, StreamNotFoundError, stream_session_id
 
 if TYPE_CHECKING:
     from store.http.app import StreamService
-    from store.records import Header
+    from store.handles import SessionHandle
+    from store.records import Header, SessionInfo
 
 SESSIONS_ROOT = "/v1/sessions"
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
+#: What a listing cursor starts with (the rest: a session id, base64url).
+_CURSOR_PREFIX = "s1."
 
 
 class SessionRoutes:
@@ -49,18 +57,17 @@ class SessionRoutes:
 
     async def list(self, request: Request) -> Response:
         q = request.query_params
-        try:
-            limit = int(q.get("limit", DEFAULT_PAGE))
-        except ValueError:
-            limit = -1
+        limit = _int_param(q, "limit", f"an integer from 1 to {MAX_PAGE}")
+        if limit is None:
+            limit = DEFAULT_PAGE
         if not 1 <= limit <= MAX_PAGE:
             raise InvalidInputError(f"limit is 1..{MAX_PAGE}")
-        after = q.get("after") or None
+        after = _cursor_sid(q.get("after") or None)
         filters = SessionFilter(
             kind=PI_KIND,
             cwd=q.get("cwd"),
             cwd_prefix=q.get("cwd_prefix"),
-            updated_since_ms=_int_param(q, "updated_since"),
+            updated_since_ms=_int_param(q, "updated_since", "epoch milliseconds, an integer"),
             name_contains=q.get("title_contains"),
         )
         tenant = self.service.tenant_of(request)
@@ -70,33 +77,44 @@ class SessionRoutes:
     def _page(
         self, tenant: str | None, after: str | None, limit: int, filters: SessionFilter
     ) -> tuple[list[dict[str, Any]], str | None]:
-        """Sessions in the layout's order (shard, then id) after the cursor: one page of the
-        store's listing (one LIST and one Redis round trip, ``store/listing.py``), without
-        reading any session. The
-        filters and the tenant's own are applied to the page: it may be short, even empty,
-        while ``next`` moves on (None after the last page)."""
-        listed = self.store.list_sessions(cursor=after, limit=limit, filters=filters)
-        out = []
-        for info in listed.items:
-            name = info.path or info.session_id
-            if tenant is not None and not self.service.may_access(tenant, name):
-                continue
-            out.append({
-                "name": name,
-                "session_id": info.session_id,
-                "title": info.name,
-                "first_message": info.first_message,
-                "cwd": info.cwd,
-                "created_at_ms": info.created_at_ms,
-                "updated_at_ms": info.updated_at_ms,
-                "entries": info.entry_count,
-                "bytes": info.bytes,
-                "fork_of": None if info.fork_of is None
-                else {"session_id": info.fork_of, "entry_id": info.fork_entry_id},
-            })
-        return out, listed.next_cursor
+        """Sessions in the layout's order (shard, then id) after the cursor, read from the
+        store's listing (each page one LIST and one Redis round trip, ``store/listing.py``)
+        without reading any session; ``next`` is None after the last page.
+
+        Without tenants (and for the operator's), one page of the store's listing: the
+        filters are applied to it, so it may be short, even empty, while ``next`` moves on.
+
+        A tenant's cursor may name nothing but the tenant's own sessions: the cursor is the
+        last session of the page, and a page whose last listed session is another tenant's
+        would give it away (their ids are unkeyed hashes of their names, so a name can be
+        confirmed offline). So a tenant's page is the first ``limit`` of its own sessions
+        (those the filters keep) after the cursor, and ``next`` is the last of them: the
+        store's listing is walked, in pages growing to 1,000, until they are found or it
+        ends. Every own session after the cursor and up to ``next`` is on the page, and what
+        lies between ``next`` and the last session walked is another tenant's (or filtered
+        out), so the next page, which walks it again, finds nothing of the tenant's there:
+        each of a tenant's sessions is on exactly one page, as before. The price is in
+        requests: a page of a tenant that owns few of the store's sessions walks the others'
+        too."""
+        if tenant is None or tenant == ALL_TENANTS:
+            listed = self.store.list_sessions(cursor=after, limit=limit, filters=filters)
+            return [_row(info) for info in listed.items], _cursor_of(listed.next_cursor)
+        out: list[dict[str, Any]] = []
+        size = limit
+        while True:
+            listed = self.store.list_sessions(cursor=after, limit=size, filters=filters)
+            for info in listed.items:
+                if self.service.may_access(tenant, info.path or info.session_id):
+                    out.append(_row(info))
+                    if len(out) == limit:
+                        return out, _cursor_of(info.session_id)
+            if listed.next_cursor is None:
+                return out, None
+            after = listed.next_cursor
+            size = min(STORE_PAGE, size * 2)
 
     # --- actions on one session --------------------------------------------------------------
+
 
     async def action(self, request: Request) -> Response:
         rest = request.url.path[len(SESSIONS_ROOT) + 1:]
@@ -111,7 +129,7 @@ class SessionRoutes:
             context = await self.service.run(lambda: self.store.load_session(sid).build_context(leaf))
             return _json(context)
         if verb == "fork" and method == "POST":
-            body = await _body_json(request)
+            body = _json_object(await self.service.read_body(request))
             entry_id, new_name = body.get("entry_id"), body.get("name")
             if not isinstance(new_name, str) or not new_name or not isinstance(entry_id, (str, type(None))):
                 raise InvalidInputError('fork takes {"entry_id": "<id>" (default: the leaf), "name": "<new session>"}')
@@ -121,7 +139,7 @@ class SessionRoutes:
                 "Location": str(request.url.replace(path=f"/v1/stream/{new_name}", query="")),
             })
         if verb == "redact" and method == "POST":
-            body = await _body_json(request)
+            body = _json_object(await self.service.read_body(request))
             entry_id, reason = body.get("entry_id"), body.get("reason")
             if not isinstance(entry_id, str) or not isinstance(reason, str) or not reason:
                 raise InvalidInputError('redact takes {"entry_id": "<id>", "reason": "<why>"}')
@@ -133,7 +151,7 @@ class SessionRoutes:
             return Response("".join(lines).encode(), headers={"content-type": "application/x-ndjson"})
         if verb == "import" and method == "PUT":
             data = await self.service.read_body(request)
-            handle = await self.service.run(self.store.import_pi_session, data, sid)
+            handle = await self.service.run(self._import, name, sid, data)
             return _json({"name": name, "session_id": handle.session_id}, status=201)
         raise _not_found(rest)
 
@@ -146,6 +164,27 @@ class SessionRoutes:
             raise StreamNotFoundError(f"{name!r} is a stream, not a session")
         return sid
 
+    def _import(self, name: str, sid: str, data: bytes) -> SessionHandle:
+        """The import of a pi file as the session ``name``: its header is written first,
+        with the name (as a ``PUT`` does), so that the session is listed as its tenant's and
+        the import then fills it (``import_pi_session`` extends a session whose pi header is
+        the file's). A file the import refuses leaves nothing: a header this call wrote is
+        deleted again (one left by a crash in between is an empty session of that name,
+        which the same import, sent again, fills)."""
+        from store.pi.scan import scan_pi_file
+
+        with scan_pi_file(data) as scan:
+            pi_header = dict(scan.require_header())
+        try:
+            self.store.create_session(sid, pi_header=pi_header, config={"path": name})
+        except SessionExistsError:
+            return self.store.import_pi_session(data, sid)
+        try:
+            return self.store.import_pi_session(data, sid)
+        except InvalidInputError:  # the file is refused (any import of it would be)
+            self.store.delete_session(sid)
+            raise
+
     def _fork(self, sid: str, entry_id: str | None, new_name: str) -> Header:
         store = self.store
         if entry_id is None:
@@ -156,13 +195,49 @@ class SessionRoutes:
         return handle.header
 
 
+def _row(info: SessionInfo) -> dict[str, Any]:
+    return {
+        "name": info.path or info.session_id,
+        "session_id": info.session_id,
+        "title": info.name,
+        "first_message": info.first_message,
+        "cwd": info.cwd,
+        "created_at_ms": info.created_at_ms,
+        "updated_at_ms": info.updated_at_ms,
+        "entries": info.entry_count,
+        "bytes": info.bytes,
+        "fork_of": None if info.fork_of is None
+        else {"session_id": info.fork_of, "entry_id": info.fork_entry_id},
+    }
+
+
+def _cursor_of(sid: str | None) -> str | None:
+    """A listing cursor: opaque to clients (its form may change), naming a session the
+    caller may see."""
+    if sid is None:
+        return None
+    return _CURSOR_PREFIX + base64.urlsafe_b64encode(sid.encode()).decode().rstrip("=")
+
+
+def _cursor_sid(cursor: str | None) -> str | None:
+    if cursor is None:
+        return None
+    body = cursor[len(_CURSOR_PREFIX):]
+    try:
+        if not cursor.startswith(_CURSOR_PREFIX) or len(body) > 256:
+            raise ValueError
+        return check_session_id(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode())
+    except (ValueError, binascii.Error, InvalidInputError):
+        raise InvalidInputError("after: not a cursor of this listing (pass a page's next)") from None
+
+
 def _not_found(rest: str) -> StreamNotFoundError:
     return StreamNotFoundError(f"no session action {rest!r} (:context, :fork, :redact, :export, :import)")
 
 
-async def _body_json(request: Request) -> dict[str, Any]:
+def _json_object(body: bytes) -> dict[str, Any]:
     try:
-        value = orjson.loads(await request.body())
+        value = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise InvalidInputError("the body is not JSON") from None
     if not isinstance(value, dict):
@@ -170,14 +245,16 @@ async def _body_json(request: Request) -> dict[str, Any]:
     return value
 
 
-def _int_param(q: Any, name: str) -> int | None:
+def _int_param(q: Any, name: str, what: str) -> int | None:
+    """An integer of the query; a number of more than 16 digits is refused by its length,
+    before Python converts it."""
     raw = q.get(name)
     if raw is None:
         return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidInputError(f"{name}: epoch milliseconds, an integer") from None
+    digits = raw[1:] if raw.startswith("-") else raw
+    if not digits.isascii() or not digits.isdigit() or len(digits) > 16:
+        raise InvalidInputError(f"{name}: {what}")
+    return int(raw)
 
 
 def _json(value: Any, status: int = 200) -> Response:
