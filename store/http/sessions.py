@@ -115,7 +115,6 @@ class SessionRoutes:
 
     # --- actions on one session --------------------------------------------------------------
 
-
     async def action(self, request: Request) -> Response:
         rest = request.url.path[len(SESSIONS_ROOT) + 1:]
         name, sep, verb = rest.rpartition(":")
