@@ -126,7 +126,8 @@ def _print(value: Any) -> None:
 
 
 def _store_options(args: argparse.Namespace) -> dict[str, object]:
-    options: dict[str, object] = {"redis_prefix": args.redis_prefix}
+    # This process is the compactor: no second worker in a thread (store/maintenance.py).
+    options: dict[str, object] = {"redis_prefix": args.redis_prefix, "compact": False}
     if args.keys:
         from store.crypto import key_provider_from_url
 

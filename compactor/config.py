@@ -88,6 +88,11 @@ class WorkerOptions:
     max_deliveries: int = 5
     #: XREADGROUP BLOCK; kept below the Redis socket timeout (the worker clamps it).
     block_ms: int = 1000
+    #: 0: wait for jobs in a blocked XREADGROUP (``block_ms``), as a worker process does.
+    #: > 0: ask without blocking and, while none come, wait between asks from ``block_ms``,
+    #: doubling, up to this (ms): for a worker in a thread of another program, whose stop
+    #: (an event) then ends the wait at once (``compactor/maintenance.py``).
+    idle_max_ms: int = 0
     heartbeat_interval_ms: int = 5_000
     #: Scheduled GC (compactor/schedule.py): a thread of the worker looks for due sessions
     #: this often (0: this worker runs no scheduled GC).
@@ -119,6 +124,8 @@ class WorkerOptions:
     retention_sweep_ms: int = 6 * 60 * 60 * 1000
 
     def __post_init__(self) -> None:
+        if self.block_ms <= 0 or self.idle_max_ms < 0:
+            raise ValueError("block_ms must be positive and idle_max_ms >= 0")
         if min(self.gc_poll_ms, self.gc_interval_ms, self.sweep_rate) < 0:
             raise ValueError("gc_poll_ms, gc_interval_ms and sweep_rate must be >= 0")
         if self.gc_lease_ms <= 0 or self.sweep_lease_ms <= 0 or self.gc_batch <= 0:

@@ -13,6 +13,11 @@ Stopping (as rq does it): the first SIGTERM or SIGINT is a warm stop (finish the
 then leave); the second is a cold stop (leave now; the job stays pending and another worker
 takes it over). ``burst=True`` drains the queue and returns (tests, cron). Cleanup (heartbeat
 removed, consumer removed when it holds no job, counters logged) runs in ``finally``.
+
+In a thread of another program (the embedded default's maintenance, ``compactor/maintenance.py``)
+the worker is stopped by an event instead of a signal, and waits for jobs without blocking in
+Redis (``WorkerOptions.idle_max_ms``): a stop then ends the wait at once, where a blocked
+XREADGROUP would hold it up to ``block_ms``.
 """
 
 from __future__ import annotations
@@ -76,13 +81,22 @@ class WorkerStats:
 
 
 class Worker:
-    def __init__(self, compactor: Compactor, options: WorkerOptions | None = None) -> None:
+    def __init__(
+        self,
+        compactor: Compactor,
+        options: WorkerOptions | None = None,
+        *,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """``stop``: an event that, once set, is a warm stop (as :meth:`request_stop`); a
+        wait for jobs ends at once when it is set."""
         self.compactor = compactor
         self.options = options or WorkerOptions()
         self.name = compactor.worker
         self.queue = JobQueue(compactor.store.coord, group=self.options.group, consumer=self.name)
         self.stats = WorkerStats()
-        self._stopping = False
+        self._stop = stop if stop is not None else threading.Event()
+        self._signalled = False
         self._started_ms = wall_clock_ms()
         self._last_heartbeat = float("-inf")
         self.gc = GcScheduler(compactor, self.options)
@@ -101,16 +115,21 @@ class Worker:
 
     # --- stopping ----------------------------------------------------------------------------
 
+    @property
+    def _stopping(self) -> bool:
+        return self._signalled or self._stop.is_set()
+
     def request_stop(self) -> None:
         """Warm stop: finish the current job, then return from :meth:`run`."""
-        self._stopping = True
+        self._stop.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stopping:
             log.warning("cold stop", extra={"signal": signum})
             raise ColdStop()
         log.info("warm stop requested", extra={"signal": signum})
-        self._stopping = True
+        # A flag, not the event: Event.set takes a lock the interrupted code may hold.
+        self._signalled = True
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -128,6 +147,7 @@ class Worker:
         failures = 0
         log.info("worker started", extra={"worker": self.name, "burst": burst, "pid": os.getpid()})
         grouped = False
+        idle_ms = self.options.block_ms
         threads = [] if burst else self._start_gc()
         try:
             while not self._stopping:
@@ -139,7 +159,8 @@ class Worker:
                     self._heartbeat()
                     jobs = self.queue.claim_stale(self.options.claim_idle_ms, self.options.batch)
                     if not jobs:
-                        jobs = self.queue.read_new(self.options.batch, None if burst else self._block_ms)
+                        block = None if burst or self.options.idle_max_ms else self._block_ms
+                        jobs = self.queue.read_new(self.options.batch, block)
                     failures = 0
                 except BackendError as exc:
                     # A Redis that lost its data (restart without persistence, FLUSHALL) has
@@ -150,12 +171,17 @@ class Worker:
                     if burst and failures >= 5:
                         code = 1
                         break
-                    time.sleep(min(5.0, 0.1 * 2**failures))
+                    self._stop.wait(min(5.0, 0.1 * 2**failures))
                     continue
                 if not jobs:
                     if burst:
                         break
+                    if self.options.idle_max_ms:
+                        # Not a blocked read: a wait that a stop ends, growing while idle.
+                        self._stop.wait(idle_ms / 1000)
+                        idle_ms = min(idle_ms * 2, self.options.idle_max_ms)
                     continue
+                idle_ms = self.options.block_ms
                 for job in jobs:
                     if self._stopping:
                         break  # left pending: another worker claims it after claim_idle_ms
@@ -200,6 +226,11 @@ class Worker:
                 self._count(result)
                 if result.outcome != "compacted" or not result.more_pending or rounds >= _MAX_ROUNDS_PER_JOB:
                     break
+                if self._stopping:
+                    # A warm stop waits for one compaction, not for a whole backlog: the job
+                    # stays pending, and a worker takes it over after claim_idle_ms.
+                    log.info("job left pending at stop", extra={**ctx, "rounds": rounds})
+                    return
         except SessionNotFoundError:
             log.info("session gone, job dropped", extra=ctx)
             self.queue.ack(job)

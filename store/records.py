@@ -205,6 +205,12 @@ class StoreOptions:
     retry: RetryPolicy = DEFAULT_RETRY
     #: Parallel GETs when loading a session.
     read_concurrency: int = 16
+    #: Run the compactor's worker in a thread of this store (``store/maintenance.py``): it
+    #: compacts and collects the store, as ``python -m compactor work`` does, from the
+    #: store's construction to its ``close()``. None, the default: on for the embedded
+    #: default (``from_url`` with a ``file://`` URL and no Redis URL), off otherwise;
+    #: ``False`` turns it off there too (for a store a worker process maintains).
+    compact: bool | None = None
     #: Queue a compaction job once this many segments (or bytes) follow the last manifest.
     compact_after_segments: int = 64
     compact_after_bytes: int = 8 * 1024 * 1024
