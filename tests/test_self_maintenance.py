@@ -22,11 +22,9 @@ import pytest
 from test_cli import msg, subprocess_env
 
 from compactor import Compactor
-from compactor.maintenance import maintain
 from coordination.redis import Coordinator
 from store import InvalidInputError, SessionStore, StoreOptions
 from store.embedded import EmbeddedRedis
-from store.maintenance import find_maintainer
 from store.object_store import ObjectInfo, StoredObject
 from store.objects import ObjectStore, object_store_from_url
 
@@ -126,6 +124,9 @@ def run_script(script: str, *args: str, timeout: float = 240) -> subprocess.Comp
 def test_the_compactor_is_the_registered_maintainer() -> None:
     """The store finds the compactor's worker through the entry point (pyproject.toml). If
     this fails, the installed package metadata predates it: ``pip install -e .``."""
+    from compactor.maintenance import maintain
+    from store.maintenance import find_maintainer
+
     assert find_maintainer() is maintain
 
 
