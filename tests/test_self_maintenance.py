@@ -21,7 +21,7 @@ from typing import Callable
 import pytest
 from test_cli import msg, subprocess_env
 
-from compactor import Compactor
+from compactor import Compactor, CompactorOptions, Worker, WorkerOptions
 from coordination.redis import Coordinator
 from store import InvalidInputError, SessionStore, StoreOptions
 from store.embedded import EmbeddedRedis
@@ -330,3 +330,32 @@ def test_compact_true_maintains_any_store(make_store: Callable[..., SessionStore
         parent = f"m{i}"
     wait_for_manifest(store, "s3")
     assert [e["id"] for e in store.load_session_entries("s3")] == [f"m{i}" for i in range(20)]
+
+
+def test_a_warm_stop_leaves_a_backlog_pending_after_one_compaction(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """A job with more segments than one compaction merges runs several; a stop during it
+    waits for the compaction in hand only (``close()`` must not wait for a whole backlog),
+    and the job stays pending for the next worker instead of being acknowledged half done."""
+    store = make_store(compact_after_segments=1000)
+    store.create_session("backlog")
+    parent = None
+    for i in range(6):
+        store.append_session_entries("backlog", [msg(f"m{i}", parent, "user", "hi")])
+        parent = f"m{i}"
+    assert store.coord.enqueue_compaction("backlog", reason="test")
+    stop = threading.Event()
+
+    def hook(point: str, ctx: dict[str, object]) -> None:
+        if point == "compact.after_manifest":
+            stop.set()  # close() arrives during the first of three compactions
+
+    compactor = Compactor(store, CompactorOptions(max_segments=2), fault_hook=hook)
+    worker = Worker(compactor, WorkerOptions(block_ms=10, idle_max_ms=100, gc_poll_ms=0, gc_interval_ms=0,
+                                             retention_poll_ms=0), stop=stop)
+    assert worker.run() == 0
+    manifest = store.manifests.latest("backlog", store.get_header("backlog").incarnation)
+    assert manifest is not None and manifest.generation == 1 and manifest.through_seq == 2
+    assert worker.queue.pending() == 1  # not acknowledged: the next worker carries on
+    assert [e["id"] for e in store.load_session_entries("backlog")] == [f"m{i}" for i in range(6)]
