@@ -75,7 +75,7 @@ def run_demo(args: argparse.Namespace, ctx: Ctx) -> dict[str, Any]:
     report: dict[str, Any] = {"ok": False}
     try:
         store = SessionStore.from_url(loc.objects_url, loc.redis_url, redis_prefix=loc.redis_prefix,
-                                      compact_after_segments=COMPACT_AFTER_SEGMENTS)
+                                      compact_after_segments=COMPACT_AFTER_SEGMENTS, compact=False)
         secret = f"dtk_{uuid.uuid4().hex}"
         plans: dict[str, Plan] = {}
         stats = Stats()

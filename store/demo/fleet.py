@@ -43,7 +43,9 @@ class Fleet:
         self.compactor_log: Any = None
 
     def store_options(self) -> dict[str, Any]:
-        return {"redis_prefix": self.loc.redis_prefix, "compact_after_segments": COMPACT_AFTER_SEGMENTS}
+        # The fleet's compactor is the demo's own process (and its final purge wants no other).
+        return {"redis_prefix": self.loc.redis_prefix, "compact_after_segments": COMPACT_AFTER_SEGMENTS,
+                "compact": False}
 
     def start(self) -> None:
         from store.demo.agent import worker_main
