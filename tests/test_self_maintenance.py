@@ -359,3 +359,32 @@ def test_a_warm_stop_leaves_a_backlog_pending_after_one_compaction(
     assert manifest is not None and manifest.generation == 1 and manifest.through_seq == 2
     assert worker.queue.pending() == 1  # not acknowledged: the next worker carries on
     assert [e["id"] for e in store.load_session_entries("backlog")] == [f"m{i}" for i in range(6)]
+
+
+def test_a_script_that_never_closes_its_store_exits_and_its_maintenance_stops_warm(directory: Path) -> None:
+    """No ``close()``: the interpreter still exits (the thread is a daemon), and at exit the
+    maintenance is stopped as ``close()`` would (``atexit``): its worker leaves the group
+    instead of being cut off, having compacted while the program ran."""
+    script = """
+import sys, time
+from pathlib import Path
+from store import SessionStore
+
+store = SessionStore.from_url(Path(sys.argv[1]).absolute().as_uri())
+store.create_session("open")
+parent = None
+for i in range(200):
+    entry = {"type": "message", "id": f"e{i}", "parentId": parent, "timestamp": "2026-11-22T10:00:00.000Z",
+             "message": {"role": "user", "content": "x", "timestamp": 1795341600000}}
+    store.append_session_entries("open", [entry])
+    parent = entry["id"]
+time.sleep(3)  # the program does something else; then it ends without closing the store
+"""
+    run_script(script, str(directory), timeout=120)
+    store, _ = inspect(directory)
+    try:
+        assert store.manifests.latest("open", store.get_header("open").incarnation) is not None
+        assert store.coord.client.hlen(store.coord.keys.workers) == 0  # it left: stopped warm
+        assert [e["id"] for e in store.load_session_entries("open")] == [f"e{i}" for i in range(200)]
+    finally:
+        store.close()
