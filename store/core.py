@@ -142,7 +142,9 @@ class SessionStore:
         self.appender = Appender(self.ctx, self.reader, self.tail)
         self.lister = Lister(self.ctx, self.tail)
         self.retention = RetentionStore(self)
-        compact = _check_compact(self.options)
+        # Started by the first append (a process that only reads never runs it): appends
+        # are what queue compaction jobs (store/maintenance.py).
+        self._maintain = bool(_check_compact(self.options))
         self._maintenance: Maintenance | None = None
         self._probe_lock = threading.Lock()
         self._probed = self.options.allow_unsafe_backend
@@ -155,9 +157,6 @@ class SessionStore:
             # backend is still away, exactly as the write itself would).
             log.warning("object store unreachable at start (%s): its conditional-write check "
                         "runs before the first write, the layout is read at the first use", exc)
-        if compact:
-            # Last: the thread uses the store (store/maintenance.py).
-            self._maintenance = Maintenance(self)
 
     def _ensure_probed(self) -> None:
         """Refuse a backend that accepts a second If-None-Match create (probed once per store
@@ -210,7 +209,14 @@ class SessionStore:
         )
         return cls(objects, coord, prefix=s3_prefix_of(objects_url), options=opts)
 
+    def _start_maintenance(self) -> None:
+        with self._probe_lock:
+            if self._maintain and self._maintenance is None:
+                self._maintenance = Maintenance(self)
+
     def close(self) -> None:
+        with self._probe_lock:
+            self._maintain = False
         if self._maintenance is not None:
             self._maintenance.close()  # a warm stop, before the backends it uses close
         self._pool.shutdown(wait=True)
@@ -386,6 +392,8 @@ class SessionStore:
         prepares pi's entries as pi reads them, ``strict=False``): the same protocol as
         ``append_session_entries``, without validating twice."""
         self._ensure_probed()
+        if self._maintain and self._maintenance is None:
+            self._start_maintenance()
         check_user_ids(batch.ids)  # the trash's markers are its own (store/retention.py)
         return self.appender.append(
             check_session_id(session_id), batch, expected_tail_entry_id, incarnation=incarnation,

@@ -3,14 +3,17 @@
 The embedded default has no compactor process beside it, and nobody starts one: without one,
 a long local session would resume one segment at a time forever. So a store whose options
 ask for it (``StoreOptions.compact``: on for the embedded default, ``compact=False`` turns it
-off) runs a *maintainer* in one daemon thread of its own, from its construction to its
-``close()``.
+off) runs a *maintainer* in one daemon thread of its own, from its first append to its
+``close()``. Appends are what queue compaction jobs, so a process that only reads (a command
+that lists or exports) starts nothing and pays nothing at open or close; a job queued by a
+process that has gone is taken by the next process that writes.
 
 **The seam.** The store never imports the compactor (docs/design.md, "Parts"). A maintainer
 is registered instead, under the entry-point group ``sessionstore.maintainers``
 (``pyproject.toml``: the compactor's ``compactor.maintenance:maintain``, which runs the
 compactor's own worker loop, ``compactor/worker.py``). The store looks the group up in the
-thread, so that opening a store pays nothing for it, and runs the first maintainer found. None
+thread, so that the append that starts it does not wait for it, and runs the first
+maintainer found. None
 registered (a source tree on ``sys.path`` whose package metadata predates the entry point:
 reinstall it) is logged once as a warning, and the store works on uncompacted.
 

@@ -207,7 +207,7 @@ class StoreOptions:
     read_concurrency: int = 16
     #: Run the compactor's worker in a thread of this store (``store/maintenance.py``): it
     #: compacts and collects the store, as ``python -m compactor work`` does, from the
-    #: store's construction to its ``close()``. None, the default: on for the embedded
+    #: store's first append to its ``close()``. None, the default: on for the embedded
     #: default (``from_url`` with a ``file://`` URL and no Redis URL), off otherwise;
     #: ``False`` turns it off there too (for a store a worker process maintains).
     compact: bool | None = None
