@@ -146,6 +146,7 @@ class SessionStore:
         # are what queue compaction jobs (store/maintenance.py).
         self._maintain = bool(_check_compact(self.options))
         self._maintenance: Maintenance | None = None
+        self._maintenance_lock = threading.Lock()
         self._probe_lock = threading.Lock()
         self._probed = self.options.allow_unsafe_backend
         try:
@@ -210,12 +211,12 @@ class SessionStore:
         return cls(objects, coord, prefix=s3_prefix_of(objects_url), options=opts)
 
     def _start_maintenance(self) -> None:
-        with self._probe_lock:
+        with self._maintenance_lock:
             if self._maintain and self._maintenance is None:
                 self._maintenance = Maintenance(self)
 
     def close(self) -> None:
-        with self._probe_lock:
+        with self._maintenance_lock:
             self._maintain = False
         if self._maintenance is not None:
             self._maintenance.close()  # a warm stop, before the backends it uses close
