@@ -13,9 +13,9 @@ is registered instead, under the entry-point group ``sessionstore.maintainers``
 (``pyproject.toml``: the compactor's ``compactor.maintenance:maintain``, which runs the
 compactor's own worker loop, ``compactor/worker.py``). The store looks the group up in the
 thread, so that the append that starts it does not wait for it, and runs the first
-maintainer found. None
-registered (a source tree on ``sys.path`` whose package metadata predates the entry point:
-reinstall it) is logged once as a warning, and the store works on uncompacted.
+maintainer found. None registered (a source tree on ``sys.path`` whose package metadata
+predates the entry point: reinstall it) is logged once as a warning, and the store works on
+uncompacted.
 
 **The contract of a maintainer**: ``maintain(store, stop)`` maintains ``store`` until the
 ``threading.Event`` ``stop`` is set, then returns: promptly, except that a step in hand is
