@@ -41,7 +41,6 @@ from store.follow import Follower
 from store.handles import SessionHandle
 from store.listing import SessionFilter, SessionPage
 from store.records import AppendResult, ForkPoint, Header, SessionInfo, TailInfo
-from store.threads import WarmThreadPool
 
 if TYPE_CHECKING:
     from store.manager import SessionManager
@@ -79,7 +78,7 @@ class AsyncSessionStore:
             raise InvalidInputError("max_workers must be a positive integer")
         self._store = store
         self._owns = owns_store
-        self._pool = WarmThreadPool(max_workers, thread_name_prefix="sessionstore-aio")
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="sessionstore-aio")
         self._closed = False
 
     @classmethod

@@ -85,6 +85,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
@@ -111,7 +112,6 @@ from store.errors import (
 )
 from store.layout import check_session_id
 from store.records import EMPTY_TAIL, AppendResult, Header
-from store.threads import WarmThreadPool
 
 if TYPE_CHECKING:
     from store.aio import AsyncSessionStore
@@ -275,7 +275,7 @@ class ClaudeSessionStore(SdkSessionStore):
         self._locks = weakref.WeakKeyDictionary()
         # For the few calls of the sync store that the async API has no method for
         # (incremental reads, the cached header): off the loop like everything else.
-        self._pool = WarmThreadPool(4, thread_name_prefix="sessionstore-claude")
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="sessionstore-claude")
         self._closed = False
 
     # --- construction --------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -73,7 +74,6 @@ from store.streams import (
     media_type,
     stream_session_id,
 )
-from store.threads import WarmThreadPool
 
 log = logging.getLogger("sessionstore.http")
 T = TypeVar("T")
@@ -155,7 +155,7 @@ class StreamService:
         self.sse_max_s = sse_max_s
         self.max_body = max_body
         self.max_read = max_read
-        self._pool = WarmThreadPool(threads, thread_name_prefix="sessionstore-http")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="sessionstore-http")
         methods = ["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS"]
         self.sessions = SessionRoutes(self)
         self.claude = ClaudeRoutes(self)
