@@ -30,7 +30,6 @@ from typing import Any
 import orjson
 
 from store.errors import BatchTooLargeError, CorruptObjectError, InvalidEntryError
-from store.gcpause import collect_young
 from store.model.js_json import decode_json, encode_json
 from store.model.rules import validate_entry
 
@@ -170,15 +169,11 @@ def prepare_batch(
 #: (``hashlib`` releases the GIL on large buffers); smaller ones are not worth a thread.
 _HASH_BESIDE_BYTES = 1 << 20
 
-#: Lines parsed between two ``collect_young`` checks (store/gcpause.py).
-_CHUNK_LINES = 256
-
 
 class EntryIds:
-    """The ids of the entries a read decodes, gathered by the decoder as each chunk of lines
-    is parsed, while its objects are still in the CPU's caches: checking them afterwards
-    touched every entry again, cold (about 5 ms for 10k entries). Shared by the threads
-    that decode one read's objects."""
+    """The ids of the entries a read decodes, gathered by the decoder as it parses each
+    object (checking them afterwards touched every entry again: about 5 ms for 10k
+    entries). Shared by the threads that decode one read's objects."""
 
     __slots__ = ("_ids", "_count", "_lock")
 
@@ -264,31 +259,18 @@ def _parse_lines(data: bytes, want_ids: bool = False) -> tuple[list[dict[str, An
     """Exactly the bytes a writer encoded: canonical, one object a line. Only parsing is left
     (per line: measured faster than one parse of the whole object as an array, which needs
     three copies of it). The values and, if ``want_ids``, the set of their ids (``None``
-    standing for any id that is not a string), or None if a line is not a JSON object.
-
-    Parsed in chunks of lines: each chunk's values are checked, their ids hashed into the set
-    and the young objects collected (``collect_young``) while they are in the caches."""
+    standing for any id that is not a string), or None if a line is not a JSON object."""
     loads = orjson.loads
     lines = data.split(b"\n")
     lines.pop()  # after the final newline (no copy of the whole object to strip it)
-    values: list[dict[str, Any]] = []
-    seen: set[Any] = set()
     try:
-        for start in range(0, len(lines), _CHUNK_LINES):
-            chunk = [loads(line) for line in lines[start : start + _CHUNK_LINES]]
-            if not all(type(v) is dict for v in chunk):
-                return None
-            if want_ids:
-                seen.update([_id_or_none(v) for v in chunk])
-            values += chunk
-            collect_young()
+        values: list[Any] = [loads(line) for line in lines]
     except orjson.JSONDecodeError:
         values = _loads_lines_escaped(lines)
-        if not all(type(v) is dict for v in values):
-            return None
-        if want_ids:
-            seen = {_id_or_none(v) for v in values}
-    return (values, seen) if values else None
+    if not values or not all(type(v) is dict for v in values):
+        return None
+    seen: set[Any] = {_id_or_none(v) for v in values} if want_ids else set()
+    return values, seen
 
 
 def _id_or_none(entry: dict[str, Any]) -> str | None:

@@ -35,7 +35,6 @@ from store.errors import (
     ObjectNotFoundError,
     SessionNotFoundError,
 )
-from store.gcpause import gc_paused
 from store.layout import Layout
 from store.manifest import Manifest
 from store.migrations import CURRENT_SCHEMA
@@ -95,8 +94,7 @@ class Reader:
                 header, state = None, None
         if header is None:
             header = ctx.headers.read(sid)
-        with gc_paused():
-            return self.read(sid, header, use_hint=True, state=state)
+        return self.read(sid, header, use_hint=True, state=state)
 
     def read(
         self, sid: str, header: Header, *, use_hint: bool, state: TailState | None = None
@@ -495,4 +493,4 @@ def _drain(futures: Iterable[Future[Any]], *more: Future[Any]) -> None:
                 fut.result()
 
 
-__all__ = ["Reader", "SegmentRetired", "SessionData", "check_unique_ids", "gc_paused"]
+__all__ = ["Reader", "SegmentRetired", "SessionData", "check_unique_ids"]
