@@ -25,7 +25,6 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from coordination import scripts
-from coordination.direct import DirectScripts, Reply
 from coordination.keys import Keys
 from store.errors import BackendError, BackendRefusedError, BackendUnavailableError
 from store.retry import DEFAULT_RETRY, RetryPolicy
@@ -198,22 +197,6 @@ def redis_call(fn: Callable[[], T]) -> T:
         raise translate_redis_error(exc) from exc
 
 
-class PendingCommit:
-    """A COMMIT sent (``Coordinator.commit_begin``) whose answer is read once by
-    ``result()``, or never (``drop()``: its connection is closed unread)."""
-
-    __slots__ = ("_reply",)
-
-    def __init__(self, reply: Reply) -> None:
-        self._reply = reply
-
-    def result(self) -> CommitResult:
-        return _commit_result(redis_call(self._reply.read))
-
-    def drop(self) -> None:
-        self._reply.drop()
-
-
 def _commit_result(res: Any) -> CommitResult:
     code = _s(res[0])
     if code == "INCARNATION":
@@ -271,8 +254,6 @@ class Coordinator:
         self._sweep_lease = client.register_script(scripts.SWEEP_LEASE)
         self._sweep_progress = client.register_script(scripts.SWEEP_PROGRESS)
         self._sharded: bool | None = None
-        #: CHECK and COMMIT without redis-py's client layers (coordination/direct.py).
-        self._direct = DirectScripts.for_client(client)
 
     @classmethod
     def from_url(
@@ -306,24 +287,10 @@ class Coordinator:
         return cls(client, prefix=prefix, retry=retry, socket_timeout=socket_timeout)
 
     def close(self) -> None:
-        if self._direct is not None:
-            self._direct.close()
         try:
             self.client.close()
         except Exception:  # pragma: no cover - closing a dead pool
             pass
-
-    def _script(
-        self, script: Any, keys: Sequence[Any], args: Sequence[Any],
-        meanwhile: Callable[[], None] | None = None,
-    ) -> Any:
-        """Run a hot-path script (CHECK, COMMIT): directly where the client allows it. The
-        ``meanwhile`` callable runs at most once, while the script runs where possible."""
-        if self._direct is not None:
-            return self._direct.run(script, keys, args, meanwhile)
-        if meanwhile is not None:
-            meanwhile()
-        return script(keys=keys, args=args)
 
     def _call(self, fn: Callable[[], T], *, retry: bool = True) -> T:
         return self.retry.call(lambda: redis_call(fn)) if retry else redis_call(fn)
@@ -343,7 +310,6 @@ class Coordinator:
         claim_ms: int = 0,
         wait_s: float = 0.0,
         compacted: Sequence[str | int] = (),
-        meanwhile: Callable[[], None] | None = None,
         offer: bytes | None = None,
         offering: Offering | None = None,
         take: tuple[int, int] | None = None,
@@ -353,9 +319,7 @@ class Coordinator:
         queue; first wait up to that long for the claim to be handed to it, then CHECK.
         ``compacted``: what the writer's copy of the compacted ids says of the batch
         (``store.id_index.Lookup.args``; empty: it has none). REINDEX (``seq`` = Redis's
-        ``iseq``) asks for a copy that reaches further. ``meanwhile``: work of the caller's
-        that does not depend on the answer, run at most once, while CHECK runs where the
-        client allows it (``coordination/direct.py``).
+        ``iseq``) asks for a copy that reaches further.
 
         Group commit (docs/design.md, "Group commit"): ``offer``, with ``wait_s``, is the
         segment body the waiting writer offers to ride in the next claim holder's segment
@@ -379,16 +343,13 @@ class Coordinator:
         if nonce:
             keys += [self.keys.queue(sid), self.keys.queue_leases(sid), self.keys.turn(sid, nonce)]
         if wait_s > 0 and nonce:
-            if meanwhile is not None:
-                meanwhile()
             if offer is not None and claim_ms > 0:
                 offer = inc.encode() + b"\n" + offer
             res = self._wait_then_check(
                 keys, args, wait_s, offer=offer, offer_ms=claim_ms, offering=offering
             )
         else:
-            once = _once(meanwhile)
-            res = self._call(lambda: self._script(self._check, keys, args, once))
+            res = self._call(lambda: self._check(keys=keys, args=args))
         code = _s(res[0])
         if code == "OK":
             offering = offering if offering is not None and offering.sent else None
@@ -441,31 +402,7 @@ class Coordinator:
         ``riders``: nonces of the waiters whose batches are in this segment (group commit);
         with OK each is woken with "done", its wake-up living ``wake_ms``."""
         keys, args = self._commit_call(sid, inc, from_seq, ids, hashes, **options)
-        return _commit_result(self._call(lambda: self._script(self._commit, keys, args)))
-
-    def commit_begin(
-        self,
-        sid: str,
-        inc: str,
-        from_seq: int,
-        ids: Sequence[str],
-        hashes: Sequence[str],
-        **options: Any,
-    ) -> PendingCommit | None:
-        """``commit`` in two halves: COMMIT is sent now and its answer read by
-        ``PendingCommit.result()``, so that the caller's flush runs while Redis runs it
-        (docs/design.md, "Committing during the flush"). None, having sent nothing, where
-        the client does not allow it (Redis Cluster, client-side caching) or the command
-        could not be sent: the caller then commits the ordinary way. ``result()`` raises
-        what ``commit`` raises, except that a failure to read the answer is not retried
-        there: the caller sends COMMIT again through ``commit`` (every script is idempotent)."""
-        if self._direct is None:
-            return None
-        keys, args = self._commit_call(sid, inc, from_seq, ids, hashes, **options)
-        try:
-            return PendingCommit(self._direct.send(self._commit, keys, args))
-        except redis.exceptions.RedisError:
-            return None
+        return _commit_result(self._call(lambda: self._commit(keys=keys, args=args)))
 
     def _commit_call(
         self,
@@ -1239,20 +1176,6 @@ class ShardChanges:
         self._pubsubs.clear()
         self._where.clear()
         self._leaving.clear()
-
-
-def _once(fn: Callable[[], None] | None) -> Callable[[], None] | None:
-    """``fn`` as a callable that runs it the first time only (a retried call runs its
-    ``meanwhile`` once)."""
-    if fn is None:
-        return None
-    pending = [fn]
-
-    def run() -> None:
-        if pending:
-            pending.pop()()
-
-    return run
 
 
 def _sleep(timeout: float) -> None:

@@ -43,9 +43,9 @@ import logging
 import os
 import random
 import time
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
-from coordination.redis import CheckResult, CommitResult, Offering, PendingCommit, recent_value
+from coordination.redis import CheckResult, CommitResult, Offering, recent_value
 from store import creates
 from store.context import StoreContext
 from store.entries import PreparedBatch, entry_hash, prepare_batch
@@ -66,7 +66,6 @@ from store.listing import summary_delta
 from store.markers import is_marker_batch, refuse_if_trashed
 from store.migrations import CURRENT_SCHEMA
 from store.model.js_json import decode_json
-from store.object_store import Staged
 from store.objects import StoredObject
 from store.read import Reader
 from store.records import AppendResult, Header
@@ -131,9 +130,6 @@ class Appender:
         # older key, which stays readable (store/keys.py).
         plain, sealed_for = batch, header.incarnation
         batch = ctx.keys.seal_batch(header, plain)
-        # The segment's bytes go to the object store before CHECK: a backend may write them
-        # while CHECK runs in Redis (store/object_store.py, ``stage``).
-        staged = self._stage(sid, header, batch, nonce)
         # Group commit (docs/design.md, "Group commit"): while queued, offer our batch to ride
         # in the next claim holder's segment; holding the claim, take the batches offered.
         opts = ctx.options
@@ -143,7 +139,7 @@ class Appender:
         )
         offer = batch.body if groups and not alone and len(batch.body) <= opts.group_commit_bytes else None
         take = (opts.group_commit_riders, opts.group_commit_bytes) if groups else None
-        riders: tuple[str, ...] = ()  # of the segment staged now, when it is a group's
+        riders: tuple[str, ...] = ()  # of the segment being written, when it is a group's
         try:
             rebuilt_for: int | None = None
             rounds = 0
@@ -151,14 +147,13 @@ class Appender:
             deadline = time.monotonic() + ctx.options.max_wait_s
             compacted = self.tail.compacted
             trash_batch = is_marker_batch(batch.ids)
-            ahead = _Ahead(self)
             while rounds < ctx.options.max_rounds:
                 seen = compacted.lookup(sid, header.incarnation, batch.ids, batch.external_parents)
                 ctx.fault("append.before_check", session_id=sid, through=seen.through)
                 res = ctx.coord.check(
                     sid, header.incarnation, batch.ids, batch.hashes, batch.external_parents,
                     expected, nonce=nonce, claim_ms=ctx.options.claim_ms, wait_s=wait_s,
-                    compacted=seen.args(), meanwhile=ahead.meanwhile(staged, header, batch),
+                    compacted=seen.args(),
                     offer=offer if wait_s > 0 else None, offering=rider, take=take,
                 )
                 if res.code == "BUSY":
@@ -184,14 +179,8 @@ class Appender:
                     if header.incarnation != sealed_for:
                         sealed_for = header.incarnation
                         batch = ctx.keys.seal_batch(header, plain)
-                        staged.release()  # another incarnation's directory, other bytes
-                        staged = self._stage(sid, header, batch, nonce)
                     continue
                 if res.code == "DUPLICATE":
-                    # Redis's word acknowledges it: the segment is made durable first (its
-                    # COMMIT may have been sent while its writer's flush ran, and that writer
-                    # may have paused or died since: "Committing during the flush").
-                    self._make_durable(ctx.layout.segment(sid, header.incarnation, res.seq), "committed")
                     return AppendResult(sid, res.seq, batch.last_id, len(batch.ids))
                 if res.code == "COLLISION":
                     raise IdCollisionError(sid, res.entry_id, res.detail)
@@ -225,25 +214,13 @@ class Appender:
                         take = None  # they went back to their writers; we go on alone
                         continue
                     writing, riders = grouped
-                    staged.release()
-                    staged = self._stage(sid, header, writing, nonce)
                 key = ctx.layout.segment(sid, header.incarnation, n + 1)
+                commit = self._commit_options(header, writing, riders)
                 ctx.fault("append.before_put", session_id=sid, seq=n + 1)
-                commit = ahead.options(header, writing, riders)
-                early = _EarlyCommit(ctx, sid, header.incarnation, n, writing, commit)
-                staged.before_flush = early.send if ctx.options.commit_during_flush else None
-                try:
-                    outcome = self._put_segment(key, staged, nonce)
-                except BaseException:
-                    early.drop()
-                    raise
-                finally:
-                    staged.before_flush = None
-                if outcome != "ours":
-                    early.drop()  # never sent: only a create that won the key sends it
+                outcome = self._put_segment(key, writing, nonce)
                 if outcome == "ours":
                     ctx.fault("append.after_put", session_id=sid, seq=n + 1)
-                    if self._commit(sid, header, n, writing, key, riders, commit, early.take()):
+                    if self._commit(sid, header, n, writing, key, riders, commit):
                         ctx.fault("append.after_commit", session_id=sid, seq=n + 1)
                         riders = ()
                         return AppendResult(sid, n + 1, batch.last_id, len(batch.ids), len(writing.ids))
@@ -253,8 +230,6 @@ class Appender:
                 if riders:
                     ctx.coord.wake(sid, riders, "back", ctx.options.claim_ms)
                     riders, take = (), None
-                    staged.release()
-                    staged = self._stage(sid, header, batch, nonce)
                 if outcome == "ours":
                     # CHECK decides anew (a duplicate, a conflict, a new slot).
                     continue
@@ -270,16 +245,8 @@ class Appender:
                 f"(or waited {ctx.options.max_wait_s:.0f} s behind their claims)"
             )
         finally:
-            staged.release()
             if riders:  # we give up with a group's segment not committed: they decide
                 ctx.coord.wake(sid, riders, "back", ctx.options.claim_ms)
-
-    def _stage(self, sid: str, header: Header, batch: PreparedBatch, nonce: str) -> Staged:
-        """``batch`` staged as our segment of ``header``'s incarnation (its bytes, our nonce)."""
-        return self.ctx.objects.stage(
-            self.ctx.layout.segment_prefix(sid, header.incarnation), batch.body,
-            segment_metadata(nonce, batch.checksum, len(batch.ids)),
-        )
 
     def _combine(
         self, sid: str, header: Header, batch: PreparedBatch, res: CheckResult, nonce: str
@@ -327,13 +294,14 @@ class Appender:
     # --- 3. PUT ------------------------------------------------------------------------------
 
     def _put_segment(
-        self, key: str, staged: Staged, nonce: str
+        self, key: str, batch: PreparedBatch, nonce: str
     ) -> Literal["ours", "gone"] | StoredObject:
-        """PUT a segment (its bytes and metadata, staged). Returns "ours", "gone", or the
-        other writer's object."""
+        """PUT ``batch`` as the segment at ``key``, with our nonce. Returns "ours", "gone",
+        or the other writer's object."""
         ctx = self.ctx
+        metadata = segment_metadata(nonce, batch.checksum, len(batch.ids))
         try:
-            attempts = creates.create_staged(ctx.objects, ctx.options.retry, key, staged)
+            attempts = creates.create(ctx.objects, ctx.options.retry, key, batch.body, metadata)
         except BackendUnavailableError as exc:
             return self._put_outcome_unknown(key, nonce, exc)
         if attempts == 0:
@@ -400,7 +368,7 @@ class Appender:
 
     def _commit(
         self, sid: str, header: Header, n: int, batch: PreparedBatch, key: str,
-        riders: tuple[str, ...], options: dict[str, Any], early: PendingCommit | None = None,
+        riders: tuple[str, ...], options: dict[str, Any],
     ) -> bool:
         """COMMIT our segment n+1 and decide whether it is live.
 
@@ -414,16 +382,7 @@ class Appender:
         ctx = self.ctx
         for _ in range(3):
             try:
-                res = None
-                if early is not None:
-                    pending, early = early, None
-                    try:
-                        res = pending.result()  # sent during the flush
-                    except BackendUnavailableError as exc:
-                        log.info("segment %d of %s: COMMIT's answer lost (%s); sent again",
-                                 n + 1, sid, exc)
-                if res is None:
-                    res = ctx.coord.commit(sid, header.incarnation, n, batch.ids, batch.hashes, **options)
+                res = ctx.coord.commit(sid, header.incarnation, n, batch.ids, batch.hashes, **options)
             except BackendError as exc:
                 log.warning("segment %d of %s: Redis unavailable at commit (%s); asking the "
                             "object store", n + 1, sid, exc)
@@ -550,78 +509,6 @@ class Appender:
                 )
         except BackendError as exc:
             log.warning("compaction queue not updated for %s: %s", sid, exc)
-
-
-class _Ahead:
-    """What the append can do while CHECK runs (``Coordinator.check``'s ``meanwhile``):
-    stage the segment's bytes (``Staged.prepare``) and work out COMMIT's options for the
-    batch as it stands (a pure function of header and batch), kept for the last header and
-    batch seen. With riders (group commit) they are worked out for the combined batch."""
-
-    __slots__ = ("_appender", "_last")
-
-    def __init__(self, appender: Appender) -> None:
-        self._appender = appender
-        self._last: tuple[Header, PreparedBatch, dict[str, Any]] | None = None
-
-    def meanwhile(self, staged: Staged, header: Header, batch: PreparedBatch) -> Callable[[], None]:
-        def work() -> None:
-            staged.prepare()
-            try:
-                self.options(header, batch, ())
-            except Exception as exc:  # noqa: BLE001 - ``meanwhile`` never raises: done again later
-                log.debug("COMMIT's options left for after CHECK: %s", exc)
-
-        return work
-
-    def options(self, header: Header, batch: PreparedBatch, riders: tuple[str, ...]) -> dict[str, Any]:
-        if riders:
-            return self._appender._commit_options(header, batch, riders)
-        last = self._last
-        if last is None or last[0] is not header or last[1] is not batch:
-            last = self._last = (header, batch, self._appender._commit_options(header, batch, ()))
-        return last[2]
-
-
-class _EarlyCommit:
-    """Our COMMIT, sent by the backend's ``Staged.before_flush`` once our segment holds its
-    key and before the flush (docs/design.md, "Committing during the flush"), at most once
-    across the create's retries. Its answer is read after the flush, by ``_commit``."""
-
-    __slots__ = ("_begin", "_pending", "_fault")
-
-    def __init__(self, ctx: StoreContext, sid: str, inc: str, n: int, batch: PreparedBatch,
-                 options: dict[str, Any]) -> None:
-        def begin() -> PendingCommit | None:
-            return ctx.coord.commit_begin(sid, inc, n, batch.ids, batch.hashes, **options)
-
-        def fault() -> None:
-            ctx.fault("append.commit_sent", session_id=sid, seq=n + 1)
-
-        self._fault: Callable[[], None] = fault
-        self._begin: Callable[[], PendingCommit | None] | None = begin
-        self._pending: PendingCommit | None = None
-
-    def send(self) -> None:
-        begin, self._begin = self._begin, None
-        if begin is None:
-            return
-        # A test's hook may raise here to stand for a crash with the segment visible, its
-        # COMMIT not sent and its flush not made: that propagates through the create.
-        self._fault()
-        try:
-            self._pending = begin()
-        except Exception as exc:  # noqa: BLE001 - never raised into the backend's create
-            log.info("COMMIT not sent during the flush (%s): sent after it", exc)
-
-    def take(self) -> PendingCommit | None:
-        pending, self._pending = self._pending, None
-        return pending
-
-    def drop(self) -> None:
-        pending = self.take()
-        if pending is not None:
-            pending.drop()
 
 
 def _lines(body: bytes) -> list[dict[str, Any]]:

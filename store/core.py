@@ -58,12 +58,7 @@ from store.manifest import Manifest, ManifestStore
 from store.maintenance import Maintenance
 from store.markers import check_user_ids, refuse_if_trashed
 from store.object_store import StoredObject
-from store.objects import (
-    LogObjectStore,
-    ObjectStore,
-    object_store_from_url,
-    s3_prefix_of,
-)
+from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
 from store.read import Reader, SessionData, check_unique_ids
 from store.records import (
     EMPTY_TAIL,
@@ -186,19 +181,10 @@ class SessionStore:
         opts = StoreOptions(**options)
         _check_compact(opts)
         objects = object_store_from_url(objects_url)
-        if isinstance(objects, LogObjectStore) and "recent_cache_bytes" not in options:
-            # The recent-segments cache saves a resume one GET a segment; from a local log a
-            # segment is one pread, so the cache would only cost Redis memory and each
-            # COMMIT its copy (docs/performance.md, "The log backend").
-            opts = replace(opts, recent_cache_bytes=0)
         if redis_url is None:
-            from store.embedded import embedded_redis_url, state_dropped_after_reboot
+            from store.embedded import embedded_redis_url
 
             redis_url = embedded_redis_url(objects)
-            if opts.commit_during_flush is None and state_dropped_after_reboot():
-                # Its Redis starts empty after a reboot: nothing it heard of can outlive a
-                # write a power loss took (docs/design.md, "Committing during the flush").
-                opts = replace(opts, commit_during_flush=True)
             if opts.compact is None:
                 # Nobody runs a compactor beside a local directory: it maintains itself.
                 opts = replace(opts, compact=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from store.errors import BackendError, IndeterminateError, ObjectExistsError, ObjectNotFoundError
-from store.object_store import Staged
 from store.objects import ObjectStore, StoredObject
 from store.retry import RetryPolicy
 
@@ -24,11 +23,6 @@ def create(
     number of attempts made when the key was found taken. ``BackendUnavailableError`` when
     every attempt failed (the create may still have landed)."""
     return _attempts(retry, lambda: objects.put_if_absent(key, data, metadata))
-
-
-def create_staged(objects: ObjectStore, retry: RetryPolicy, key: str, staged: Staged) -> int:
-    """``create`` of an object staged before its key was known (``ObjectStore.put_staged``)."""
-    return _attempts(retry, lambda: objects.put_staged(key, staged))
 
 
 def _attempts(retry: RetryPolicy, put: Callable[[], None]) -> int:
@@ -63,4 +57,4 @@ def read_taken(objects: ObjectStore, retry: RetryPolicy, key: str, attempts: int
         ) from exc
 
 
-__all__ = ["create", "create_staged", "read_taken"]
+__all__ = ["create", "read_taken"]

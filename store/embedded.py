@@ -21,10 +21,9 @@ in the temporary directory; the next start for the same path stops such a server
 **A reboot empties it.** Before a server starts, its state is dropped (the append-only file
 and any snapshot) unless it was written since this boot of the machine (``boot_id`` in the
 directory names the boot, from ``/proc/sys/kernel/random/boot_id``). Redis is a cache that
-the store rebuilds from the objects; what a power loss can leave in its append-only file is
-a segment whose write the loss took (an append's COMMIT is sent while its flush runs:
-docs/design.md, "Committing during the flush"). A process crash, a stop or a restart of the
-server within one boot keep the state (the page cache keeps every write).
+the store rebuilds from the objects, and its append-only file is fsynced once a second only:
+after a power loss the objects decide. A process crash, a stop or a restart of the server
+within one boot keep the state (the page cache keeps every write).
 
 **Lifetime.** The server keeps running after the process that started it, for the next
 process that opens the directory (a command-line call each time, workers, ...); it is never
@@ -269,7 +268,7 @@ class EmbeddedRedis:
         then record this boot. Called with ``start.lock`` held and no server running."""
         boot = current_boot_id()
         if boot is None:
-            return  # no boot id: nothing dropped, and commit_during_flush stays off
+            return  # no boot id: nothing dropped
         mark = self.dir / "boot_id"
         try:
             was = mark.read_text().strip()
@@ -360,11 +359,6 @@ def current_boot_id() -> str | None:
     except OSError:
         return None
     return boot or None
-
-
-def state_dropped_after_reboot() -> bool:
-    """Whether an embedded server's state is dropped when the machine restarts (Linux)."""
-    return current_boot_id() is not None
 
 
 def embedded_redis_url(objects: ObjectStore) -> str:

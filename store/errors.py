@@ -34,6 +34,8 @@ with ``raise ... from exc`` so that the cause stays visible.
     ├── BackendError
     │   ├── BackendUnavailableError         transient: timeouts, 5xx, connection refused
     │   ├── BackendRefusedError             permanent: access denied, no such bucket, ...
+    │   │   └── UnsupportedFormatError      a local directory in a format this version does
+    │   │                                   not read (the former log backend's)
     │   └── ConditionalWritesUnsupportedError
     └── ObjectStoreError                    the object-store seam's own outcomes
         ├── ObjectExistsError               put_if_absent found the key taken
@@ -280,6 +282,19 @@ class BackendUnavailableError(BackendError):
 
 class BackendRefusedError(BackendError):
     """A permanent backend failure: access denied, missing bucket, bad credentials."""
+
+
+class UnsupportedFormatError(BackendRefusedError):
+    """A local store's directory records a format this version does not read (``.format``:
+    ``store/file_objects.py``). Nothing in it was read or changed."""
+
+    def __init__(self, path: str, held: str) -> None:
+        self.path = path
+        self.held = held
+        super().__init__(
+            f"the local store at {path} is in format {held!r}, which this version does not "
+            "read (it reads the file backend's, 'files', only)"
+        )
 
 
 class ConditionalWritesUnsupportedError(BackendError):

@@ -37,8 +37,9 @@ from store.errors import (
     InvalidInputError,
     ObjectExistsError,
     ObjectNotFoundError,
+    UnsupportedFormatError,
 )
-from store.object_store import ObjectInfo, ObjectStore, Staged, StoredObject, check_key
+from store.object_store import ObjectInfo, ObjectStore, StoredObject, check_key
 
 _FILE_MAGIC = b"SSOBJ1\n"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -254,63 +255,6 @@ class FileObjectStore(ObjectStore):
             if dfd >= 0:
                 self._give_dir(cache_key, dfd)
 
-    # --- staged creates: the bytes written while the appender's CHECK runs --------------------
-
-    def stage(self, prefix: str, data: bytes, metadata: Mapping[str, str] | None = None) -> Staged:
-        """A create whose ``prepare`` writes the object into a file with no name in
-        ``prefix``'s directory and fsyncs it (the appender runs it while its CHECK is in
-        Redis: ``coordination/direct.py``); ``put_staged`` then links it and fsyncs the
-        directory. Durability is ``put_if_absent``'s: the file is fsynced before it has a
-        name, the directory before the create is acknowledged, and a crash before the link
-        leaves nothing (a file with no name is gone with its last descriptor). Where there
-        are no such files, or anything in ``prepare`` fails, ``put_staged`` is the whole
-        ``put_if_absent``."""
-        dirs = prefix.rstrip("/")
-        if not self._unnamed or not dirs:
-            return Staged(data, metadata)
-        try:
-            parts = check_key(dirs).split("/")
-        except InvalidInputError:
-            return Staged(data, metadata)  # put_staged: a plain put_if_absent, and its error
-        return _FileStaged(self, parts, data, metadata)
-
-    def put_staged(self, key: str, staged: Staged) -> None:
-        parts = check_key(key).split("/")
-        if not (isinstance(staged, _FileStaged) and staged.store is self and staged.fd is not None
-                and staged.dirs == parts[:-1]):
-            # Not prepared here, failed to, already linked once (a retry), or another
-            # directory (the session's incarnation changed): the whole create.
-            self.put_if_absent(key, staged.data, staged.metadata)
-            return
-        self._count("put")
-        try:
-            if not self._link_staged(key, parts[-1], staged):
-                self._create(key, parts, _blob(staged.data, staged.metadata))
-        except (FileExistsError, NotADirectoryError):
-            raise ObjectExistsError(key) from None
-        except OSError as exc:
-            raise _os_error(exc, key) from exc
-
-    def _link_staged(self, key: str, name: str, staged: _FileStaged) -> bool:
-        """Link the staged file to ``name`` and fsync the directory: True. False: the
-        directory was removed since ``prepare`` opened it (a delete pruned it); the caller
-        makes the whole create, which walks again."""
-        fd, dfd = staged.fd, staged.dfd
-        assert fd is not None
-        self._hook("file.put.before_link", key=key, fd=fd, round=0)
-        try:
-            _link_shared(f"/proc/self/fd/{fd}", name, dfd)
-        except FileNotFoundError:
-            staged.release(stale=True)
-            return False
-        # One name per file: a later put_staged (another slot) makes a whole create.
-        staged.fd = None
-        os.close(fd)
-        self._hook("file.put.linked", key=key)
-        if self._fsync:
-            os.fsync(dfd)  # the name is durable before the create is acknowledged
-        return True
-
     def _new_file(self, dfd: int) -> tuple[int, str | None]:
         """A file to write the object into: (fd, None) for a file with no name in the
         key's directory, or (fd, path) for a named temporary file in ``.tmp/``."""
@@ -510,6 +454,48 @@ class FileObjectStore(ObjectStore):
             dirs = dirs[:-1]
 
 
+#: The format of a local store, recorded in ``<root>/.format`` when it is first opened, so that
+#: a directory written in another format (the former log backend's ``log1``) is refused
+#: instead of misread.
+FORMAT_FILES = "files"
+_FORMAT_FILE = ".format"
+
+
+def check_local_format(root: str | os.PathLike[str]) -> None:
+    """Record the file backend's format in a new local store at ``root`` (or one made before
+    the record existed); ``UnsupportedFormatError`` if the directory records another."""
+    path = Path(root).absolute()
+    path.mkdir(parents=True, exist_ok=True)
+    marker = path / _FORMAT_FILE
+    for _ in range(3):
+        try:
+            held = marker.read_text().strip()
+        except FileNotFoundError:
+            held = None
+        if held:
+            if held != FORMAT_FILES:
+                raise UnsupportedFormatError(str(path), held)
+            return
+        dfd = os.open(str(path), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            tmp = f".format-{uuid.uuid4().hex}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
+            try:
+                _write_all(fd, f"{FORMAT_FILES}\n".encode())
+                os.fsync(fd)
+                try:
+                    os.link(tmp, _FORMAT_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
+                except FileExistsError:
+                    pass  # another process recorded it first: read again
+            finally:
+                os.close(fd)
+                os.unlink(tmp, dir_fd=dfd)
+            os.fsync(dfd)  # the record is durable before the store is used
+        finally:
+            os.close(dfd)
+    raise BackendUnavailableError(f"{marker}: could not be read or made")
+
+
 def subdirectories(root: Path, prefix: str) -> list[str]:
     """The directories of keys directly below ``prefix`` (which ends with '/'), in name
     order: a local store's ``list_dirs`` (dot-directories are the store's own)."""
@@ -590,64 +576,6 @@ def _close_fds(fds: dict[Any, int], lock: threading.Lock) -> None:
             os.close(fd)
         except OSError:
             pass
-
-
-class _FileStaged(Staged):
-    """A create of ``FileObjectStore``'s before its key is known (``stage``): once
-    prepared, a file with no name in the key's directory (``fd``), written and fsynced, and
-    that directory's fd (``dfd``, taken out of the store's cache until ``release``)."""
-
-    __slots__ = ("store", "dirs", "fd", "dfd", "tried")
-
-    def __init__(
-        self, store: FileObjectStore, dirs: list[str], data: bytes, metadata: Mapping[str, str] | None
-    ) -> None:
-        super().__init__(data, metadata)
-        self.store = store
-        self.dirs = dirs
-        self.fd: int | None = None
-        self.dfd = -1
-        self.tried = False
-
-    def prepare(self) -> None:
-        if self.tried:
-            return
-        self.tried = True
-        store = self.store
-        dfd = store._take_dir(tuple(self.dirs))
-        fd: int | None = None
-        try:
-            if dfd is None:
-                # An existing directory only: a missing one (the session's first segment, or
-                # one pruned by a delete) is made by the whole create, after CHECK, so an
-                # append that CHECK refuses (a deleted session, a conflict) makes nothing.
-                dfd = store._open_dir(self.dirs, create=False)
-            fd = os.open(".", _O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd)
-            _write_all(fd, _blob(self.data, self.metadata))
-            if store._fsync:
-                os.fsync(fd)  # the bytes are durable before a name points at them
-            store._hook("file.put.staged", fd=fd)
-        except OSError:
-            # No such directory, a cached fd of a removed one (ext4 refuses O_TMPFILE there:
-            # EPERM), a full disk, ...: put_staged makes the whole create, which walks afresh and
-            # meets whatever is wrong with its own errors.
-            if fd is not None:
-                os.close(fd)
-            if dfd is not None:
-                os.close(dfd)
-            return
-        self.fd, self.dfd = fd, dfd
-
-    def release(self, *, stale: bool = False) -> None:
-        fd, dfd = self.fd, self.dfd
-        self.fd, self.dfd = None, -1
-        if fd is not None:
-            os.close(fd)  # not linked: the file is gone with it
-        if dfd >= 0:
-            if stale:
-                os.close(dfd)
-            else:
-                self.store._give_dir(tuple(self.dirs), dfd)
 
 
 def _blob(data: bytes, metadata: Mapping[str, str] | None) -> bytes:

@@ -20,7 +20,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from store.errors import (
     ConditionalWritesUnsupportedError,
@@ -68,31 +68,6 @@ class StoredObject:
     #: The backend's version tag of this object (S3's ``ETag``), if it reports one: what
     #: ``delete_if_unchanged`` conditions on.
     etag: str | None = field(default=None, compare=False)
-
-
-class Staged:
-    """An object handed to the store before its key is known (``ObjectStore.stage``): an
-    append knows its segment's bytes before CHECK tells it the slot."""
-
-    __slots__ = ("data", "metadata", "before_flush")
-
-    def __init__(self, data: bytes, metadata: Mapping[str, str] | None) -> None:
-        self.data = data
-        self.metadata = metadata
-        #: Called by a backend whose object is visible before it is durable (the log
-        #: backend), once ``put_staged`` has won the key and before it flushes; never by
-        #: the others. The append sends COMMIT there where it may (docs/design.md,
-        #: "Committing during the flush"). What it raises propagates from the create (the
-        #: store's raises only a test's fault hook, standing for a crash at that point).
-        self.before_flush: Callable[[], None] | None = None
-
-    def prepare(self) -> None:
-        """Do now whatever can be done before the key is known (``FileObjectStore``: write
-        and fsync the bytes into a file with no name). Never raises: what failed here is
-        done again, with its errors, by ``put_staged``. Here: nothing."""
-
-    def release(self) -> None:
-        """Drop what ``prepare`` holds; the object, if ``put_staged`` created it, stays."""
 
 
 class ObjectStore(ABC):
@@ -188,23 +163,10 @@ class ObjectStore(ABC):
         own earlier attempt met again (docs/design.md, "Durable before Redis hears of it").
 
         An object of S3 (and of memory) is durable once anyone can see it: nothing to do.
-        The local backends make an object visible before it is durable (the log backend at
-        its ``write``, the file backend at its link), and a writer that died or paused
-        between the two has made it durable to nobody."""
+        The file backend makes an object visible (its link) before it is durable (its
+        directory's fsync), and a writer that died or paused between the two has made it
+        durable to nobody."""
         check_key(key)
-
-    # --- an object staged before its key is known ---------------------------------------------
-
-    def stage(self, prefix: str, data: bytes, metadata: Mapping[str, str] | None = None) -> Staged:
-        """An object that ``put_staged`` will create at a key below ``prefix`` not known yet.
-        The caller may ``prepare()`` it while it waits for the key, and ``release()``s it
-        when done, created or not. This default only keeps the bytes."""
-        return Staged(data, metadata)
-
-    def put_staged(self, key: str, staged: Staged) -> None:
-        """``put_if_absent(key, staged.data, staged.metadata)``, with its whole contract;
-        may be called again for another key (when this one was taken) or the same (a retry)."""
-        self.put_if_absent(key, staged.data, staged.metadata)
 
     @property
     def identity(self) -> str:

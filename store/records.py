@@ -195,13 +195,6 @@ class StoreOptions:
     group_commit_riders: int = 16
     #: ... and at most this many bytes of their batches in all (a larger batch never rides).
     group_commit_bytes: int = 256 * 1024
-    #: Send an append's COMMIT while its segment is flushed instead of after the flush (the
-    #: log backend, whose segment is visible before it is durable), so that the round trip to
-    #: Redis hides behind the flush. Sound only where Redis's state cannot outlive a write
-    #: that the flush had not made durable yet: a Redis that starts empty after every
-    #: restart of the machine, as the embedded default's does. None, the default: on for the
-    #: embedded default, off otherwise (docs/design.md, "Committing during the flush").
-    commit_during_flush: bool | None = None
     retry: RetryPolicy = DEFAULT_RETRY
     #: Parallel GETs when loading a session.
     read_concurrency: int = 16

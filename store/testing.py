@@ -246,49 +246,6 @@ class ObjectStoreContract:
         with pytest.raises(InvalidKeyError):
             objects.flush("../outside")
 
-    # --- a create staged before its key is known (``stage``, ``put_staged``) ------------------
-
-    def test_staged_create_lands_whole_at_the_key_it_is_given(self, objects: ObjectStore, prefix: str) -> None:
-        """What an append does: stage the bytes, prepare them while CHECK runs, meet a taken
-        slot, then create at the next one; a resend to the created key is "taken"."""
-        seg = f"{prefix}st/seg/"
-        objects.put_if_absent(f"{seg}1", b"other", {"nonce": "o"})
-        staged = objects.stage(seg, b"mine\n", {"nonce": "m"})
-        try:
-            staged.prepare()
-            staged.prepare()  # at most once: a second call does nothing
-            with pytest.raises(ObjectExistsError):
-                objects.put_staged(f"{seg}1", staged)
-            assert objects.get(f"{seg}1").data == b"other"
-            objects.put_staged(f"{seg}2", staged)
-            with pytest.raises(ObjectExistsError):
-                objects.put_staged(f"{seg}2", staged)  # a resend meets its own object
-        finally:
-            staged.release()
-        staged.release()  # releasing twice is harmless
-        obj = objects.get(f"{seg}2")
-        assert (obj.data, obj.metadata["nonce"]) == (b"mine\n", "m")
-        assert [i.key for i in objects.list(seg)] == [f"{seg}1", f"{seg}2"]
-
-    def test_staged_create_elsewhere_or_never(self, objects: ObjectStore, prefix: str) -> None:
-        """A staged object may go to a key outside the prefix it was staged for (the
-        session's incarnation changed), or nowhere: released unused, it leaves nothing."""
-        unused = objects.stage(f"{prefix}sx/a/", b"never", {"nonce": "n"})
-        unused.prepare()
-        unused.release()
-        moved = objects.stage(f"{prefix}sx/a/", b"moved", {"nonce": "m"})
-        try:
-            moved.prepare()
-            objects.put_staged(f"{prefix}sx/b/1", moved)
-        finally:
-            moved.release()
-        assert [i.key for i in objects.list(f"{prefix}sx/")] == [f"{prefix}sx/b/1"]
-        assert objects.get(f"{prefix}sx/b/1").data == b"moved"
-        unprepared = objects.stage(f"{prefix}sx/c/", b"cold", None)
-        objects.put_staged(f"{prefix}sx/c/1", unprepared)  # never prepared: a whole create
-        unprepared.release()
-        assert objects.get(f"{prefix}sx/c/1").data == b"cold"
-
 
 __all__ = ["TRICKY", "ObjectStoreContract", "check_tricky_listing"]
 

@@ -31,8 +31,8 @@ from store import SessionStore
 from store.cli import main
 from store.cli.common import Exit
 from store.embedded import EmbeddedRedis
+from store.file_objects import FileObjectStore
 from store.layout import LAYOUT_SPREAD, Layout
-from store.log_objects import LogObjectStore
 from store.pi_format import dumps_js, read_pi_file
 
 FIXTURES = pi_fixtures()
@@ -749,7 +749,7 @@ def test_embedded_default_shared_by_several_processes(
         res = run_cli("create", "shared", "--name", "embedded", cwd=home)
         assert res.code == 0, res.err
         # A new store: the spread layout (store/layout.py spells the key).
-        assert LogObjectStore(home / ".sessionstore").head(Layout("", LAYOUT_SPREAD).header("shared")) is not None
+        assert FileObjectStore(home / ".sessionstore").head(Layout("", LAYOUT_SPREAD).header("shared")) is not None
         assert embedded.running()
         # Four processes append at once (no --expect-tail: each lands, as a root here).
         procs = [subprocess.Popen([sys.executable, "-m", "store.cli", "append", "shared"], cwd=home,

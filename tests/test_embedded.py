@@ -195,7 +195,6 @@ def test_a_reboot_empties_the_servers_state_and_nothing_else_does(tmp_path: Path
     embedded = EmbeddedRedis(directory / ".redis")
     store = SessionStore.from_url(directory.as_uri())
     try:
-        assert store.options.commit_during_flush is True  # the default: the state is per boot
         sid = store.create_session(cwd="/r").session_id
         store.append_session_entries(sid, [msg("m1", None, "user", "one")])
         store.coord.client.set("marker", "kept")
@@ -242,8 +241,8 @@ def _wait_gone(pid: int) -> None:
 
 @pytest.mark.timeout(600)
 def test_six_writer_processes_on_the_embedded_default_keep_every_promise(tmp_path: Path) -> None:
-    """The embedded default as users run it (a local directory, no Redis URL: the log backend,
-    COMMIT sent during the flush, group commit): six writer processes on three sessions, half
+    """The embedded default as users run it (a local directory, no Redis URL: the file
+    backend, group commit): six writer processes on three sessions, half
     of their appends expecting a tail, judged by the history checker (nothing acknowledged
     lost or doubled, conflicts truthful), and every session read back whole."""
     directory = tmp_path / "sessions"
@@ -251,7 +250,6 @@ def test_six_writer_processes_on_the_embedded_default_keep_every_promise(tmp_pat
     store = SessionStore.from_url(url, redis_prefix="mp")
     embedded = EmbeddedRedis(directory / ".redis")
     try:
-        assert store.options.commit_during_flush is True
         six_writers_keep_every_promise(store, url, None, "mp", tmp_path, 100)
     finally:
         store.close()

@@ -192,83 +192,6 @@ def test_a_create_paused_on_a_cached_fd_while_the_directory_is_removed(tmp_path:
     assert sorted(i.key for i in other.list("sessions/")) == [_seg(2), _seg(5)]
 
 
-@pytest.mark.parametrize("cached", [True, False], ids=["cached-fd", "walked"])
-def test_a_staged_create_whose_directory_is_removed_before_its_link(tmp_path: Path, cached: bool) -> None:
-    """An append staged its segment (written and fsynced into a file with no name in the
-    session's directory) while its CHECK ran, then paused; the directory was pruned and made
-    again meanwhile. Resumed, the link into the removed directory fails, and the whole create
-    walks again: the object lands whole where the directory is now, and no fd is left open."""
-    root = tmp_path / "objects"
-    writer = FileObjectStore(root)
-    other = FileObjectStore(root)
-    other.put_if_absent(_seg(1), b"one")
-    if cached:
-        writer.put_if_absent(_seg(3), b"three")
-        writer.delete(_seg(3))  # the directory stays (one object left), its fd in the cache
-    fds = _open_fds(root)
-    pause = Pause("file.put.before_link")
-    writer._fault = pause
-    staged = writer.stage(_D + "/", b"two", {"nonce": "w"})
-    staged.prepare()
-    assert staged.fd is not None and [p for p, _ in pause.seen] == ["file.put.staged"]
-    put = InThread(lambda: writer.put_staged(_seg(2), staged))
-    pause.wait_paused()
-    other.delete(_seg(1))
-    assert not (root / "sessions").exists()
-    other.put_if_absent(_seg(5), b"five")
-    pause.release()
-    put.result()
-    staged.release()
-    assert [p for p, _ in pause.seen].count("file.put.before_link") == 2  # staged, then whole
-    obj = other.get(_seg(2))
-    assert (obj.data, obj.metadata) == (b"two", {"nonce": "w"})
-    assert sorted(i.key for i in other.list("sessions/")) == [_seg(2), _seg(5)]
-    assert _open_fds(root) <= fds + 1  # at most the directory's fd, back in the cache
-    writer.close()
-    other.close()
-
-
-def test_preparing_makes_no_directory(tmp_path: Path) -> None:
-    """``prepare`` runs before CHECK has said anything (the session may have been deleted,
-    the append may be refused): it writes only into a directory that exists. Released
-    unused, a staged create into a missing directory leaves no directory behind; put, it is
-    the whole create, which makes the directory."""
-    root = tmp_path / "objects"
-    store = FileObjectStore(root)
-    refused = store.stage(_D + "/", b"refused")
-    refused.prepare()
-    refused.release()
-    assert not (root / "sessions").exists()
-    first = store.stage(_D + "/", b"first", {"nonce": "f"})
-    first.prepare()
-    assert getattr(first, "fd", None) is None  # nothing to write into yet
-    store.put_staged(_seg(1), first)
-    first.release()
-    assert (store.get(_seg(1)).data, store.get(_seg(1)).metadata) == (b"first", {"nonce": "f"})
-    second = store.stage(_D + "/", b"second")
-    second.prepare()
-    assert getattr(second, "fd", None) is not None  # the directory exists now
-    store.put_staged(_seg(2), second)
-    second.release()
-    assert [i.key for i in store.list("sessions/")] == [_seg(1), _seg(2)]
-    store.close()
-
-
-def test_a_staged_create_that_cannot_be_prepared_is_a_whole_create(tmp_path: Path) -> None:
-    """Preparing fails (an object where the key needs a directory): nothing is raised then,
-    and ``put_staged`` meets the same problem with put_if_absent's own error."""
-    store = FileObjectStore(tmp_path / "objects")
-    store.put_if_absent("sessions/s1", b"an object, not a directory")
-    staged = store.stage("sessions/s1/inc/seg/", b"x")
-    staged.prepare()
-    assert getattr(staged, "fd", None) is None
-    with pytest.raises(ObjectExistsError):
-        store.put_staged("sessions/s1/inc/seg/1", staged)
-    staged.release()
-    assert [i.key for i in store.list("sessions/")] == ["sessions/s1"]
-    store.close()
-
-
 def test_concurrent_creates_reads_and_deletes_from_several_threads(tmp_path: Path) -> None:
     """Threads of one store create, read and delete in a few shared directories while those
     are pruned and made again, with a cache smaller than the directories in use (fds evicted
@@ -290,15 +213,7 @@ def test_concurrent_creates_reads_and_deletes_from_several_threads(tmp_path: Pat
                 d = rng.choice(dirs)
                 key = f"{d}/{t:02d}-{i:04d}"
                 data = key.encode()
-                if rng.random() < 0.5:
-                    store.put_if_absent(key, data)
-                else:  # as an append does: staged, written, then linked at its key
-                    staged = store.stage(f"{d}/", data)
-                    try:
-                        staged.prepare()
-                        store.put_staged(key, staged)
-                    finally:
-                        staged.release()
+                store.put_if_absent(key, data)
                 assert store.get(key).data == data
                 info = store.head(key)
                 assert info is not None and info.size == len(data)
@@ -360,9 +275,8 @@ def test_eviction_and_close_close_the_fds(tmp_path: Path) -> None:
     assert _open_fds(root) == before
 
 
-@pytest.mark.parametrize("create", ["put_if_absent", "put_staged"])
 def test_a_conditional_delete_holds_off_creates_between_its_comparison_and_its_unlink(
-    tmp_path: Path, create: str
+    tmp_path: Path,
 ) -> None:
     """The deleter compared the object with the one it read and paused before its unlink.
     Meanwhile another process deleted the object and created the name again. Its create's
@@ -379,12 +293,7 @@ def test_a_conditional_delete_holds_off_creates_between_its_comparison_and_its_u
     deleting = InThread(lambda: deleter.delete_if_unchanged(key, seen))
     pause.wait_paused()
     other.delete(key)
-    if create == "put_staged":
-        staged = other.stage("sessions/s1/", b"life 2", {"nonce": "2"})
-        staged.prepare()
-        creating = InThread(lambda: other.put_staged(key, staged))
-    else:
-        creating = InThread(lambda: other.put_if_absent(key, b"life 2", {"nonce": "2"}))
+    creating = InThread(lambda: other.put_if_absent(key, b"life 2", {"nonce": "2"}))
     assert creating.waiting(0.5)  # its link waits for the deleter's lock
     pause.release()
     assert deleting.result() is False  # the object it saw was gone when it unlinked

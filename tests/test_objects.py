@@ -21,8 +21,10 @@ from store.errors import (
     ConditionalWritesUnsupportedError,
     InvalidInputError,
     InvalidKeyError,
+    BackendRefusedError,
     ObjectExistsError,
     ObjectNotFoundError,
+    UnsupportedFormatError,
 )
 from store.objects import (
     FileObjectStore,
@@ -30,6 +32,7 @@ from store.objects import (
     ObjectStore,
     S3ObjectStore,
     StoredObject,
+    object_store_from_url,
     parse_s3_url,
     s3_prefix_of,
 )
@@ -125,9 +128,8 @@ _KEY = "sessions/s1/inc1/seg/000000000001.jsonl"
 _BIG = bytes(range(256)) * (3 << 12)  # 3 MiB, several extents: a torn write would show
 
 
-def _crash_at(root: str, point: str, unnamed: bool, how: str = "put") -> None:
-    """A process that dies (no cleanup, no flush: ``os._exit``) at ``point`` of a create
-    (``how``: ``put_if_absent``, or staged and prepared as an append does it)."""
+def _crash_at(root: str, point: str, unnamed: bool) -> None:
+    """A process that dies (no cleanup, no flush: ``os._exit``) at ``point`` of a create."""
 
     def die(reached: str, ctx: dict[str, object]) -> None:
         if reached == point:
@@ -135,12 +137,7 @@ def _crash_at(root: str, point: str, unnamed: bool, how: str = "put") -> None:
 
     store = FileObjectStore(root, fault_hook=die)
     store._unnamed = unnamed
-    if how == "staged":
-        staged = store.stage(_KEY.rsplit("/", 1)[0] + "/", _BIG, {"nonce": "crashed"})
-        staged.prepare()
-        store.put_staged(_KEY, staged)
-    else:
-        store.put_if_absent(_KEY, _BIG, {"nonce": "crashed"})
+    store.put_if_absent(_KEY, _BIG, {"nonce": "crashed"})
     os._exit(0)  # the crash point was never reached
 
 
@@ -165,31 +162,25 @@ def _read_elsewhere(root: Path, key: str) -> tuple[bytes, dict[str, str]] | None
 
 
 _CRASHES = [
-    (how, unnamed, point)
-    for how in ("put", "staged")
-    for unnamed in (True, False)
-    for point in ("file.put.before_link", "file.put.linked")
-] + [("staged", True, "file.put.staged")]  # prepared (written, fsynced), its key not known yet
+    (unnamed, point) for unnamed in (True, False) for point in ("file.put.before_link", "file.put.linked")
+]
 
 
 @pytest.mark.parametrize(
-    ("how", "unnamed", "point"), _CRASHES,
-    ids=[f"{h}-{'unnamed' if u else 'named-temporary'}-{p}" for h, u, p in _CRASHES],
+    ("unnamed", "point"), _CRASHES,
+    ids=[f"{'unnamed' if u else 'named-temporary'}-{p}" for u, p in _CRASHES],
 )
 def test_a_crash_between_the_steps_of_a_create_leaves_nothing_or_everything(
-    tmp_path: Path, point: str, unnamed: bool, how: str
+    tmp_path: Path, point: str, unnamed: bool
 ) -> None:
     root = tmp_path / "objects"
     FileObjectStore(root)
-    if how == "staged":
-        # The session's directory exists (prepare writes only into one that does).
-        (root / _KEY).parent.mkdir(parents=True)
-    proc = mp.get_context("spawn").Process(target=_crash_at, args=(str(root), point, unnamed, how))
+    proc = mp.get_context("spawn").Process(target=_crash_at, args=(str(root), point, unnamed))
     proc.start()
     proc.join(60)
     assert proc.exitcode == 17, "the writer did not reach the fault point"
     store = FileObjectStore(root)
-    if point in ("file.put.staged", "file.put.before_link"):
+    if point == "file.put.before_link":
         # Written and synced, not linked: no object, and its name is free.
         with pytest.raises(ObjectNotFoundError):
             store.get(_KEY)
@@ -410,3 +401,50 @@ def test_s3_url_parsing() -> None:
     assert s3_prefix_of("s3://bkt/some/prefix/") == "some/prefix/"
     with pytest.raises(InvalidInputError):
         parse_s3_url("http://bkt")
+
+
+# --- the format a local directory records ----------------------------------------------------
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"(dir)" for p in sorted(root.rglob("*"))}
+
+
+def test_a_new_local_directory_is_the_file_backend_and_says_so(tmp_path: Path) -> None:
+    """A ``file://`` URL opens the file backend; a new directory records its format, and a
+    second opening (another process) reads the same record."""
+    root = tmp_path / "store"
+    first = object_store_from_url(root.as_uri())
+    assert type(first) is FileObjectStore
+    assert (root / ".format").read_text() == "files\n"
+    first.put_if_absent("sessions/s1/k", b"x")
+    again = object_store_from_url(root.as_uri())
+    assert type(again) is FileObjectStore and again.get("sessions/s1/k").data == b"x"
+    assert sorted(p.name for p in root.iterdir()) == [".format", ".tmp", "sessions"]
+
+
+def test_a_directory_of_the_former_log_backend_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    """A directory recorded as the log backend's (``log1``; any other format alike) is not
+    read as a file store (its logs would read as no sessions at all): a typed error that
+    names it, and nothing in the directory changes."""
+    for held in ("log1", "something-else"):
+        root = tmp_path / held
+        (root / "sessions" / "s1").mkdir(parents=True)
+        (root / ".format").write_text(f"{held}\n")
+        (root / "sessions" / "s1" / ".log.00000001").write_bytes(b"a log's records")
+        before = _tree(root)
+        with pytest.raises(UnsupportedFormatError) as caught:
+            object_store_from_url(root.as_uri())
+        assert isinstance(caught.value, BackendRefusedError)
+        assert caught.value.held == held and str(root) in str(caught.value)
+        assert _tree(root) == before
+
+
+def test_a_file_url_takes_no_options(tmp_path: Path) -> None:
+    """``?format=`` chose between the two local backends; there is one now: any option is
+    bad input, and nothing is made."""
+    root = tmp_path / "store"
+    for query in ("format=files", "format=log1", "fsync=0", "format="):
+        with pytest.raises(InvalidInputError, match="unknown option"):
+            object_store_from_url(f"{root.as_uri()}?{query}")
+    assert not root.exists()

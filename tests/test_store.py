@@ -259,9 +259,8 @@ def test_segment_redis_never_heard_of_is_read_and_rolled_forward(make_store: Cal
         pass
 
     def crash_after_put(point: str, ctx: dict[str, Any]) -> None:
-        # After the PUT and before COMMIT: with COMMIT sent during the flush (the log
-        # backend's embedded default), before it is sent.
-        if point in ("append.after_put", "append.commit_sent"):
+        # After the PUT and before COMMIT.
+        if point == "append.after_put":
             raise Crash()
 
     crashing = make_store(fault_hook=crash_after_put)
@@ -292,7 +291,7 @@ def test_an_expected_tail_redis_never_heard_of_is_rolled_forward_not_refused(
         pass
 
     def crash_after_put(point: str, ctx: dict[str, Any]) -> None:
-        if point in ("append.after_put", "append.commit_sent"):
+        if point == "append.after_put":
             raise Crash()
 
     crashing = make_store(fault_hook=crash_after_put)

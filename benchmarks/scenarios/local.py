@@ -7,13 +7,11 @@ hits them all:
 - pi's way, ``appendFileSync``: open, write one line, close; no fsync (a process crash loses
   nothing, a power loss may lose the last appends or tear the last line). Also the same with
   an fsync (what durability on one disk costs at the least).
-- the embedded default (``SessionStore.from_url("file://...")``: a new directory, so the log
-  backend, plus the embedded redis-server), ``append_session_entries`` of one entry: called
-  directly, through ``AsyncSessionStore`` (one hop to a thread, as ``SQLiteSession`` makes),
-  and through the OpenAI adapter (``SessionStoreSession.add_items`` of one item).
-  Acknowledged means fdatasynced: survives a power loss.
-- the same through ``AsyncSessionStore`` on the file backend (``file://...?format=files``,
-  what stores made before the log backend are: a file per object, two flushes an append).
+- the embedded default (``SessionStore.from_url("file://...")``: the file backend, plus the
+  embedded redis-server), ``append_session_entries`` of one entry: called directly, through
+  ``AsyncSessionStore`` (one hop to a thread, as ``SQLiteSession`` makes), and through the
+  OpenAI adapter (``SessionStoreSession.add_items`` of one item). Acknowledged means fsynced:
+  survives a power loss.
 - the floor of a durable create on this disk, with raw system calls: a 1 KB file written
   with no name (``O_TMPFILE``; a named temporary file where there is none), fsynced, linked,
   and its directory fsynced: the two flushes of the file backend's append, against the
@@ -21,13 +19,9 @@ hits them all:
   by several times within minutes; these two rows say how dear a flush was in this run.
 - the protocol's floor: what any implementation of the embedded append's protocol must do,
   with none of the store's code, through one thread hop like ``AsyncSessionStore``: a
-  round trip to the same embedded redis-server (a script that returns at once: CHECK), the
-  1 KB record appended to a log, then a second script sent (COMMIT) and the log
-  ``fdatasync``ed while it runs, its answer read after (docs/design.md, "Committing during
-  the flush"). The store's ratio to it is how much the store adds to its own protocol. And
-  the file backend's floor: the same round trips, with the file written with no name and
-  fsynced during the first, then its link and the directory's fsync, then the second (the
-  file backend commits after its flush).
+  round trip to the same embedded redis-server through redis-py's client (a script that
+  returns at once: CHECK), the durable create above (PUT), then a second round trip
+  (COMMIT). The store's ratio to it is how much the store adds to its own protocol.
 - ``SQLiteSession.add_items`` of one item (openai-agents; skipped when not installed). The
   SDK puts the database in WAL mode and leaves ``synchronous`` at SQLite's default (FULL),
   read back from its connection and recorded: the WAL is synced at every commit, so an
@@ -42,7 +36,6 @@ parse of the file (+ ``build_context``), as a reference for the resume rows.
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import importlib.util
 import logging
@@ -61,7 +54,6 @@ from benchmarks.context import Context
 from benchmarks.results import fmt_ms, fmt_ratio
 from benchmarks.stats import median, ratio_ci, summarize
 from benchmarks.workload import chain, encode
-from coordination.direct import DirectScripts
 from store.session import Session
 
 _HEADER = {"type": "session", "version": 3, "id": "local", "timestamp": "2026-01-01T00:00:00.000Z", "cwd": "/bench"}
@@ -83,16 +75,13 @@ def sqlite_available() -> bool:
 def expected_figures() -> list[str]:
     """The append figures of this scenario (the resume ones are per size, in cli.py)."""
     names = ["local.append.p50_ms", "local.append_fsync.p50_ms", "local.create_fsync.p50_ms",
-             "local.protocol_floor.p50_ms", "local.protocol_floor.p99_ms", "local.embedded_vs_protocol_floor.ratio_p50",
-             "local.protocol_floor_files.p50_ms", "local.files_vs_protocol_floor_files.ratio_p50",
-             "local.files.aio_append.p50_ms", "local.embedded_vs_files.ratio_p50"]
+             "local.protocol_floor.p50_ms", "local.protocol_floor.p99_ms", "local.embedded_vs_protocol_floor.ratio_p50"]
     names += [f"local.embedded.{way}.{q}_ms" for way in ("append", "aio_append") for q in ("p50", "p99")]
     if sqlite_available():
         names += ["local.embedded.add_items.p50_ms", "local.embedded.add_items.p99_ms",
                   "local.sqlite.add_items.p50_ms", "local.sqlite.add_items.p99_ms",
                   "local.embedded_vs_sqlite.ratio_p50", "local.embedded_sync_vs_sqlite.ratio_p50",
-                  "local.adapter_vs_sqlite.ratio_p50", "local.protocol_floor_vs_sqlite.ratio_p50",
-                  "local.files_vs_sqlite.ratio_p50"]
+                  "local.adapter_vs_sqlite.ratio_p50", "local.protocol_floor_vs_sqlite.ratio_p50"]
     return names
 
 
@@ -153,31 +142,16 @@ class _Sides:
         self.asid = self.store.create_session(cwd="/bench").session_id
         self.aentries = chain("a", 0, appends + 64, None)
         self.calls["aio"] = self._aio
-        # The file backend, as a store made before the log backend is.
-        self.files_dir = root / "files"
-        self.files = SessionStore.from_url(self.files_dir.as_uri() + "?format=files")
-        self._closers.append(self._close_files)
-        self.fstore = AsyncSessionStore(self.files, owns_store=False)
-        self._closers.append(lambda: self.loop.run_until_complete(self.fstore.close()))
-        self.fsid = self.files.create_session(cwd="/bench").session_id
-        self.fentries = chain("f", 0, appends + 64, None)
-        self.calls["files"] = self._files
         # The protocol's floor: the embedded server's client, a script that does nothing, a
         # directory of its own, one thread hop as AsyncSessionStore makes.
-        self.scripts = DirectScripts.for_client(self.store.coord.client)
-        if self.scripts is not None:
-            self._closers.append(self.scripts.close)
-            self.noop = self.store.coord.client.register_script("return 1")
-            self.noop()  # loaded: every call below is one EVALSHA
-            (root / "floor").mkdir()
-            self.floor_dir = os.open(root / "floor", os.O_RDONLY | os.O_DIRECTORY)
-            self._closers.append(lambda: os.close(self.floor_dir))
-            self.hop = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-floor")
-            self._closers.append(self.hop.shutdown)
-            self.log = os.open(root / "floor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._closers.append(lambda: os.close(self.log))
-            for side, flushes in (("floor", "log"), ("floor_files", "two")):
-                self.calls[side] = functools.partial(self._floor, flushes=flushes)
+        self.noop = self.store.coord.client.register_script("return 1")
+        self.noop()  # loaded: every call below is one EVALSHA
+        (root / "floor").mkdir()
+        self.floor_dir = os.open(root / "floor", os.O_RDONLY | os.O_DIRECTORY)
+        self._closers.append(lambda: os.close(self.floor_dir))
+        self.hop = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-floor")
+        self._closers.append(self.hop.shutdown)
+        self.calls["floor"] = self._floor
         if sqlite_available():
             self._open_sqlite_and_adapter()
 
@@ -231,42 +205,25 @@ class _Sides:
         os.fsync(dfd)
         return time.perf_counter() - t0
 
-    def _floor(self, i: int, flushes: str) -> float:
+    def _floor(self, i: int) -> float:
         t0 = time.perf_counter()
-        self._run(self.loop.run_in_executor(self.hop, self._floor_append, i, flushes))
+        self._run(self.loop.run_in_executor(self.hop, self._floor_append, i))
         return time.perf_counter() - t0
 
-    def _floor_append(self, i: int, flushes: str) -> None:
-        """CHECK's round trip; the bytes appended to a log and ``fdatasync``ed while COMMIT's
-        round trip runs (the log backend's protocol as the embedded default runs it:
-        docs/design.md, "Committing during the flush"). ``flushes="two"``: the file
-        backend's instead: the bytes written and fsynced into a file with no name during
-        CHECK, then the link and the directory's fsync, then COMMIT's round trip."""
+    def _floor_append(self, i: int) -> None:
+        """CHECK's round trip; the bytes written and fsynced into a file with no name, its
+        link and the directory's fsync (the file backend's PUT); COMMIT's round trip."""
         data, dfd = self.lines[2 * i], self.floor_dir
-        made: list[tuple[int, str | None]] = []
-
-        def write() -> None:
-            fd, tmp = _unnamed_file(dfd, i)
-            made.append((fd, tmp))
+        self.noop()
+        fd, tmp = _unnamed_file(dfd, i)
+        try:
             os.write(fd, data)
-            if flushes == "two":
-                os.fsync(fd)
-
-        self.scripts.run(self.noop, [], [], meanwhile=None if flushes == "log" else write)
-        if made:
-            fd, tmp = made[0]
-            try:
-                _name_file(fd, tmp, dfd, i)
-            finally:
-                os.close(fd)
-        if flushes == "two":
-            os.fsync(dfd)
-            self.scripts.run(self.noop, [], [])
-        else:
-            os.write(self.log, data)
-            reply = self.scripts.send(self.noop, [], [])
-            os.fdatasync(self.log)
-            reply.read()
+            os.fsync(fd)
+            _name_file(fd, tmp, dfd, i)
+        finally:
+            os.close(fd)
+        os.fsync(dfd)
+        self.noop()
 
     def _embedded(self, i: int) -> float:
         entry = self.entries[i]
@@ -278,12 +235,6 @@ class _Sides:
         entry = self.aentries[i]
         t0 = time.perf_counter()
         self._run(self.astore.append_session_entries(self.asid, [entry]))
-        return time.perf_counter() - t0
-
-    def _files(self, i: int) -> float:
-        entry = self.fentries[i]
-        t0 = time.perf_counter()
-        self._run(self.fstore.append_session_entries(self.fsid, [entry]))
         return time.perf_counter() - t0
 
     def _adapter(self, i: int) -> float:
@@ -300,9 +251,6 @@ class _Sides:
 
     def _close_store(self) -> None:
         _close_embedded(self.store, self.store_dir)
-
-    def _close_files(self) -> None:
-        _close_embedded(self.files, self.files_dir)
 
     def close(self) -> None:
         for close in reversed(self._closers):
@@ -371,9 +319,7 @@ def _appends(ctx: Context, root: Path) -> None:
           "directory fsynced; an embedded append's two flushes) vs pi's fsynced append (one), p50 / p99",
           f"{fmt_ms(s['create_fsync']['p50'])} / {fmt_ms(s['create_fsync']['p99'])}",
           f"{fmt_ms(s['pi_fsync']['p50'])} / {fmt_ms(s['pi_fsync']['p99'])}", f"p50 {fmt_ratio(flushes)}")
-    em, ai, fl, fi = s["embedded"], s["aio"], s.get("floor"), s["files"]
-    R.fig("local.files.aio_append.p50_ms", fi["p50"], "ms")
-    R.fig("local.files.aio_append.p99_ms", fi["p99"], "ms")
+    em, ai, fl = s["embedded"], s["aio"], s["floor"]
 
     def versus(a: str, b: str, figure: str, case: str) -> None:
         """One row: side ``a`` against side ``b`` (p50 / p99 each), their p50 ratio as
@@ -383,22 +329,12 @@ def _appends(ctx: Context, root: Path) -> None:
               f"{fmt_ms(s[b]['p50'])} / {fmt_ms(s[b]['p99'])}",
               f"p50 {fmt_ratio(ratio, ratio_ci(samples[a], samples[b], 50))}")
 
-    versus("aio", "files", "local.embedded_vs_files.ratio_p50",
-           "append 1 entry, one thread hop: embedded default (log backend) vs the file backend "
-           "(?format=files), both AsyncSessionStore, p50 / p99")
-    if fl is not None:
-        R.fig("local.protocol_floor.p50_ms", fl["p50"], "ms")
-        R.fig("local.protocol_floor.p99_ms", fl["p99"], "ms")
-        versus("aio", "floor", "local.embedded_vs_protocol_floor.ratio_p50",
-               "append 1 entry, one thread hop: embedded default (AsyncSessionStore) vs the protocol's "
-               "floor (no store code: a no-op script's round trip, the record appended to a log and "
-               "fdatasynced while a second one runs), p50 / p99")
-        R.fig("local.protocol_floor_files.p50_ms", s["floor_files"]["p50"], "ms")
-        R.fig("local.protocol_floor_files.p99_ms", s["floor_files"]["p99"], "ms")
-        versus("files", "floor_files", "local.files_vs_protocol_floor_files.ratio_p50",
-               "append 1 entry, one thread hop: the file backend (AsyncSessionStore) vs its protocol's "
-               "floor (a no-op script's round trip while the file is written and fsynced, link, directory "
-               "fsync, a second round trip), p50 / p99")
+    R.fig("local.protocol_floor.p50_ms", fl["p50"], "ms")
+    R.fig("local.protocol_floor.p99_ms", fl["p99"], "ms")
+    versus("aio", "floor", "local.embedded_vs_protocol_floor.ratio_p50",
+           "append 1 entry, one thread hop: embedded default (AsyncSessionStore) vs the protocol's "
+           "floor (no store code: a no-op script's round trip, a durable create of the file, a "
+           "second round trip), p50 / p99")
     if "sqlite" not in samples:
         R.row(scenario, "append 1 entry: embedded default, direct / AsyncSessionStore, p50 / p99",
               f"{fmt_ms(em['p50'])} / {fmt_ms(em['p99'])}; {fmt_ms(ai['p50'])} / {fmt_ms(ai['p99'])}",
@@ -428,12 +364,9 @@ def _appends(ctx: Context, root: Path) -> None:
     R.row(scenario, "add_items of 1 item: embedded default (OpenAI adapter) vs SQLiteSession add_items",
           f"{fmt_ms(ad['p50'])} / {fmt_ms(ad['p99'])}", f"{fmt_ms(sq['p50'])} / {fmt_ms(sq['p99'])}",
           f"p50 {fmt_ratio(adapter)}")
-    versus("files", "sqlite", "local.files_vs_sqlite.ratio_p50",
-           "append 1 entry, one thread hop: the file backend (AsyncSessionStore) vs SQLiteSession add_items")
-    if fl is not None:
-        versus("floor", "sqlite", "local.protocol_floor_vs_sqlite.ratio_p50",
-               "the protocol's floor (one thread hop, no store code) vs SQLiteSession add_items: what "
-               "is left for the store's own work under the target")
+    versus("floor", "sqlite", "local.protocol_floor_vs_sqlite.ratio_p50",
+           "the protocol's floor (one thread hop, no store code) vs SQLiteSession add_items: what "
+           "is left for the store's own work under the target")
 
 
 def _resumes(ctx: Context, root: Path) -> None:

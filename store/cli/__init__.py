@@ -235,9 +235,8 @@ def _add_operate_commands(add: _Add) -> None:
     p = add("doctor", "check the backends: conditional writes, Redis settings, clocks, permissions", commands.cmd_doctor)
     p.add_argument("--strict", action="store_true", help="warnings fail too")
 
-    p = add("embedded", "status or stop of the embedded redis-server of a local store; convert a store of "
-            "the file backend (a file per object) into a log store", commands.cmd_embedded)
-    p.add_argument("action", choices=["status", "stop", "convert"])
+    p = add("embedded", "status or stop of the embedded redis-server of a local store", commands.cmd_embedded)
+    p.add_argument("action", choices=["status", "stop"])
 
 
 def _add_demo_command(add: _Add) -> None:

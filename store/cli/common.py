@@ -236,14 +236,8 @@ def check_objects_url(url: str, source: str = "--objects") -> None:
         if scheme == "file":
             if not parsed.path and not parsed.netloc:
                 raise _bad_url(source, url, "no directory", example)
-            from urllib.parse import parse_qs
-
-            from store.log_objects import FORMATS
-
-            query = parse_qs(parsed.query, keep_blank_values=True)
-            if set(query) - {"format"} or any(v not in FORMATS for v in query.get("format", [])):
-                raise _bad_url(source, url, f"the only option of a file:// URL is format={'|'.join(FORMATS)}",
-                               example)
+            if parsed.query:
+                raise _bad_url(source, url, "a file:// URL takes no options", example)
             return
         if scheme != "s3":
             raise _bad_url(source, url, "the scheme must be s3:// or file:// (or give a directory)",

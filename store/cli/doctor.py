@@ -22,7 +22,6 @@ from store.layout import LAYOUT_FLAT, LAYOUT_SPREAD, Layout
 from store.layout_record import propose, read_record
 from store.objects import (
     LOCAL_STORES,
-    LogObjectStore,
     ObjectStore,
     S3ObjectStore,
     object_store_from_url,
@@ -148,12 +147,7 @@ def _object_checks(checks: list[Check], objects: ObjectStore, layout: Layout) ->
     elif isinstance(objects, LOCAL_STORES):
         checks.append(Check("objects: clock skew", "ok", "local directory: same clock"))
         local = objects
-        if isinstance(local, LogObjectStore):
-            checks.append(Check("objects: backend", "ok", "log backend: one log per directory of keys, "
-                                "an append one write and one fdatasync"))
-        else:
-            checks.append(Check("objects: backend", "ok", "file backend: a file per object, an append two "
-                                "fsyncs (a store made before the log backend; new stores are log stores)"))
+        checks.append(Check("objects: backend", "ok", "file backend: a file per object, an append two fsyncs"))
 
         def durability() -> tuple[str, str]:
             # The power-loss promise leans on a journaling filesystem (store/filesystems.py);

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from store.cli.common import CliError, Exit, dump_json, err, human_bytes, iso_of_ms, out
@@ -209,21 +208,6 @@ def cmd_doctor(args: argparse.Namespace, ctx: Ctx) -> int:
     return Exit.OK if ok else Exit.FAILED
 
 
-def _convert(directory: Path, ctx: Ctx) -> int:
-    """``embedded convert``: the file-backend store in ``directory`` becomes a log store."""
-    from store.convert import convert_to_log
-
-    done = convert_to_log(directory)
-    if ctx.json:
-        out(dump_json({"dir": str(done.root), "objects": done.objects, "bytes": done.bytes,
-                       "kept": str(done.kept), "seconds": round(done.seconds, 3)}))
-    else:
-        out(f"converted {done.root} to a log store: {done.objects} objects, {done.bytes} bytes, "
-            f"in {done.seconds:.1f} s; the old store (a file per object, and its Redis state) is kept "
-            f"in {done.kept}: remove it once the store reads as it should")
-    return Exit.OK
-
-
 def cmd_embedded(args: argparse.Namespace, ctx: Ctx) -> int:
     from store.embedded import EmbeddedRedis
 
@@ -231,8 +215,6 @@ def cmd_embedded(args: argparse.Namespace, ctx: Ctx) -> int:
     if directory is None or ctx.config.redis_url is not None:
         raise CliError("the embedded Redis exists only for a local directory without --redis", Exit.USAGE)
     embedded = EmbeddedRedis(directory / ".redis")
-    if args.action == "convert":
-        return _convert(directory, ctx)
     if args.action == "stop":
         pid = embedded.pid()
         stopped = embedded.stop()
