@@ -9,6 +9,9 @@
 - No import circles among the project's modules. Every import counts, including those inside
   functions (an import moved into a function to dodge a circle is still a circle); imports
   under ``if TYPE_CHECKING:`` do not (they never run).
+- The library reaches into no dependency's private modules or names (``redis._parsers``: a
+  dependency's upgrade may change them without notice), and never changes the host process's
+  interpreter-wide state (its garbage collector, its thread switch interval): it is a guest.
 """
 
 from __future__ import annotations
@@ -166,3 +169,54 @@ def test_coordination_imports_only_the_store_errors_and_retry_policy() -> None:
 
 def test_no_import_circles() -> None:
     assert _cycles(GRAPH) == []
+
+
+def _private_imports(path: Path) -> Iterator[str]:
+    """Imports of a dependency's private module or name (a component led by one ``_``)."""
+    tree = ast.parse(path.read_text())
+
+    def private(dotted: str) -> bool:
+        return any(p.startswith("_") and not p.startswith("__") for p in dotted.split("."))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if _resolve(a.name) is None and private(a.name))
+        elif isinstance(node, ast.ImportFrom) and not node.level and _resolve(node.module or "") is None:
+            module = node.module or ""
+            for alias in node.names:
+                if private(f"{module}.{alias.name}"):
+                    yield f"{module}.{alias.name}"
+
+
+#: Calls that change the whole interpreter, not just the caller's own objects.
+_GLOBAL_SWITCHES = {
+    "gc.disable", "gc.enable", "gc.set_threshold", "gc.freeze", "gc.unfreeze", "sys.setswitchinterval",
+}
+
+
+def _global_switches(path: Path) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in _GLOBAL_SWITCHES:
+            yield f"{ast.unparse(node.func)} (line {node.lineno})"
+
+
+def test_the_checker_sees_private_imports_and_global_switches(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import gc\nimport redis._parsers\nfrom redis._parsers import _RESP2Parser\n"
+        "from redis import Redis\nfrom store import errors\ngc.disable()\ngc.collect()\n"
+    )
+    assert list(_private_imports(sample)) == ["redis._parsers", "redis._parsers._RESP2Parser"]
+    assert list(_global_switches(sample)) == ["gc.disable (line 6)"]
+
+
+#: The one known exception: ADK's own session services split a state delta into its scopes
+#: with this helper, and an ADK adapter must split exactly as they do.
+_KNOWN_PRIVATE = {"store.adapters.adk": ["google.adk.sessions._session_util"]}
+
+
+def test_no_private_api_of_a_dependency_and_no_interpreter_wide_switch() -> None:
+    found = {
+        name: [*_private_imports(path), *_global_switches(path)] for name, path in MODULES.items()
+    }
+    assert {k: v for k, v in found.items() if v} == _KNOWN_PRIVATE
