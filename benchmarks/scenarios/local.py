@@ -27,7 +27,7 @@ hits them all:
   read back from its connection and recorded: the WAL is synced at every commit, so an
   acknowledged item survives a power loss too.
 
-The target: the embedded default's append through ``AsyncSessionStore`` within 1.5x of
+The target: the embedded default's append through ``AsyncSessionStore`` within 3x of
 ``SQLiteSession.add_items`` at p50: one entry against one item, both from an event loop
 through one thread hop, both fsynced before they return. Then pi's way of resuming, read +
 parse of the file (+ ``build_context``), as a reference for the resume rows.
@@ -62,7 +62,10 @@ _TEXT = ("The quick brown fox jumps over the lazy dog; " * 24)[:1000]
 #: SQLite's ``PRAGMA synchronous`` values.
 _SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 
-TARGET = 1.5
+#: The file backend creates each segment durably: two flushes (the file, its directory) against
+#: SQLite's one journal commit. Issue #36 bounds the simple backend at 3x; the protocol's own
+#: floor (two Redis round trips and that create) is reported beside it.
+TARGET = 3.0
 
 
 def sqlite_available() -> bool:
