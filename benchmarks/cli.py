@@ -33,8 +33,9 @@ from benchmarks.results import (
 SCENARIOS = ("append", "writers", "resume", "compaction", "curve", "local", "aio", "listing")
 #: Run only when named with --only: the frameworks' own backends beside their adapters, the
 #: HTTP service against the library and the protocol's reference server (extras needed), and
-#: the scale scenario (counted, not timed; seeding its sessions at rest takes minutes).
-OPTIONAL_SCENARIOS = ("peers", "http", "scale")
+#: the scale scenario (counted, not timed; seeding its sessions at rest takes minutes), and
+#: service processes killed under load for minutes (counted).
+OPTIONAL_SCENARIOS = ("peers", "http", "scale", "kills")
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -53,6 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     size.add_argument("--full", action="store_true", help="bigger sizes: 100k-entry resume, more rounds")
     ap.add_argument("--writers", type=int, help="writer processes for throughput and contention (default 4, smoke 2)")
     ap.add_argument("--only", metavar="NAMES", help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all of them), or {','.join(OPTIONAL_SCENARIOS)}")
+    ap.add_argument("--kills-duration", type=float, default=600.0, metavar="SECONDS",
+                    help="--only kills: how long processes are killed (default %(default)s)")
+    ap.add_argument("--kills-quiet", type=float, default=60.0, metavar="SECONDS",
+                    help="--only kills: then how long without faults (default %(default)s)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where results go (default benchmarks/results/)")
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
     ap.add_argument("--profile", action="store_true", help="also cProfile appends and resumes (results/profile-*.txt)")
@@ -214,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.scenarios import http
 
         steps.append(("http", lambda: http.run(ctx)))
+    if "kills" in only:
+        from benchmarks.scenarios import kills
+
+        steps.append(("kills", lambda: kills.run(ctx, args.kills_duration, args.kills_quiet)))
 
     status = 0
     try:
