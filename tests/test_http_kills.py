@@ -24,11 +24,7 @@ from store import SessionStore
 #: loaded (seen: 6 s at a load average of 20 on two cores), hence 10 s, not the issue's 5.
 PROGRESS_WITHIN_S = 10.0
 
-pytestmark = [
-    pytest.mark.timeout(600),
-    pytest.mark.s3_backends("moto", reason="one backend is enough for a fault test of the service; "
-                                           "the library's fault tests run on every backend"),
-]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.long]
 
 
 def test_processes_killed_at_random_and_at_each_append_point_lose_nothing_and_never_wedge(
