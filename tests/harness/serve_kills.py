@@ -74,6 +74,7 @@ def _serve_main(argv: Sequence[str]) -> None:
 
     from store import SessionStore
     from store.http.app import StreamService
+    from store.http.server import ServerLimits, server_config
 
     reached = threading.Lock()
 
@@ -92,8 +93,9 @@ def _serve_main(argv: Sequence[str]) -> None:
                                   fault_hook=die if args.die_at else None)
     service = StreamService(store, long_poll_s=args.long_poll_timeout)
     logging.basicConfig(level=logging.WARNING)
-    uvicorn.run(service.app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=2)
+    # The uvicorn configuration of ``sessionstore serve`` (store/cli/serve.py), default limits.
+    uvicorn.Server(server_config(service.app, host="127.0.0.1", port=args.port, limits=ServerLimits(),
+                                 timeout_graceful_shutdown=2)).run()
 
 
 @dataclass(frozen=True)
