@@ -151,9 +151,7 @@ def _import_into(
         status = "created"
     except SessionExistsError:
         existing = store.get_header(sid)
-        if existing.fork is not None:
-            raise ImportConflictError(sid, "it is a fork of another session") from None
-        if existing.pi_header != pi_header:
+        if _as_js(existing.pi_header) != pi_header:
             raise ImportConflictError(sid, _header_difference(existing.pi_header, pi_header)) from None
         handle = SessionHandle(store, existing)
     fresh = status == "created"  # known empty: nothing stored to compare with
@@ -169,28 +167,61 @@ def _import_into(
     raise ContentionError(f"session {sid!r} kept changing during the import; try again")
 
 
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """What the file's entries are compared with: the stored session, as an export writes it."""
+
+    #: (id, hash of the entry as a pi file holds it, (type, parentId, timestamp)) per entry,
+    #: in the order an export writes them.
+    entries: list[tuple[str, str, tuple[Any, Any, Any]]]
+    #: Ids of the entries that are redacted: an export writes them as tombstones.
+    redacted: frozenset[str]
+    #: The entry the first new one is appended after ("" for none).
+    tail: str
+
+
+def _stored_view(store: "SessionStore", sid: str) -> _Stored:
+    """The stored session as its export would write it, one hash per entry.
+
+    A session of its own is read one stored object at a time (``map_own_entries``): ids and
+    hashes only, never the entries (a re-import of a large file must not hold the session
+    twice). A fork's export also writes the path it inherits, so a fork is read whole, and
+    its entries are taken as the export gives them (tombstones included).
+    """
+    from store.entries import entry_hash
+    from store.model.rules import REDACTION_TYPE, is_tombstone
+    from store.model.session import Session
+
+    def key(e: dict[str, Any]) -> tuple[str, str, tuple[Any, Any, Any]]:
+        return (str(e["id"]), entry_hash(_storable(_as_js(e))[0]),
+                (e.get("type"), e.get("parentId"), e.get("timestamp")))
+
+    header = store.get_header(sid)
+    if header.fork is not None:
+        data = store.read_session(sid)
+        exported = Session(data.header.pi_header, data.all_entries, validated=True).to_pi_entries()
+        return _Stored([key(e) for e in exported], frozenset(), data.last_entry_id)
+    redacted: set[str] = set()
+
+    def own(e: dict[str, Any]) -> tuple[str, str, tuple[Any, Any, Any]]:
+        if e.get("type") == REDACTION_TYPE and isinstance(e.get("targetId"), str):
+            redacted.add(e["targetId"])
+        elif is_tombstone(e):
+            redacted.add(str(e["id"]))
+        return key(e)
+
+    entries, tail = store.reader.map_own_entries(sid, header, own)
+    return _Stored(entries, frozenset(redacted), tail)
+
+
 def _append_rest(store: "SessionStore", scan: "PiScan", sid: str, *, fresh: bool) -> int:
     """Compare the stored entries with the file's first ones, then append the rest of the
     file, each batch strict on the tail the previous one left. Returns how many were sent."""
-    from store.entries import entry_hash, prepare_batch
+    from store.entries import prepare_batch
     from store.pi.scan import iter_pi_entries
     from store.records import EMPTY_TAIL
-    from store.model.rules import is_tombstone
 
-    if fresh:
-        stored: list[tuple[str, str, dict[str, Any] | None]] = []
-        tail = ""
-    else:
-        # Ids and hashes only, one stored object at a time: the entries themselves never
-        # stay in memory (a re-import of a large file must not hold the session twice).
-        stored, tail = store.reader.map_own_entries(
-            sid,
-            store.get_header(sid),
-            lambda e: (str(e["id"]), entry_hash(e), dict(e) if is_tombstone(e) else None),
-        )
-        if not stored:
-            header = store.get_header(sid)
-            tail = header.fork.entry_id if header.fork is not None else ""
+    stored = _Stored([], frozenset(), "") if fresh else _stored_view(store, sid)
     options = store.options
     file_ids = scan.entry_ids
     position = 0
@@ -198,15 +229,15 @@ def _append_rest(store: "SessionStore", scan: "PiScan", sid: str, *, fresh: bool
     def rest() -> Any:
         nonlocal position
         for entry in iter_pi_entries(scan):
-            if position < len(stored):
-                _same_or_refuse(sid, position, stored[position], entry, scan, _storable, entry_hash)
+            if position < len(stored.entries):
+                _same_or_refuse(sid, position, stored, entry, scan)
                 position += 1
                 continue
             position += 1
             yield entry
 
     sent = 0
-    expected = tail or EMPTY_TAIL
+    expected = stored.tail or EMPTY_TAIL
     for chunk in _chunks(rest(), options.max_batch_entries, options.max_batch_bytes):
         batch = prepare_batch(
             chunk, max_bytes=options.max_batch_bytes, max_entries=options.max_batch_entries,
@@ -225,34 +256,57 @@ def _append_rest(store: "SessionStore", scan: "PiScan", sid: str, *, fresh: bool
     return sent
 
 
-
-
 def _same_or_refuse(
-    sid: str,
-    position: int,
-    stored: tuple[str, str, dict[str, Any] | None],
-    entry: dict[str, Any],
-    scan: "PiScan",
-    storable: Any,
-    entry_hash: Any,
+    sid: str, position: int, stored: _Stored, entry: dict[str, Any], scan: "PiScan"
 ) -> None:
-    stored_id, stored_hash, tombstone = stored
+    """The file's entry at ``position`` is the stored one, or the import is refused.
+
+    The same entry is the same content with JavaScript's numbers (``_as_js``), or, for an
+    entry redacted in the store, a tombstone of it: the store's own (``is_tombstone``) or the
+    one an export writes (type ``redacted``, the original type in ``redacted.type``).
+    """
+    from store.entries import entry_hash
+    from store.model.rules import is_tombstone
+
+    stored_id, stored_hash, (stored_type, parent, timestamp) = stored.entries[position]
     line = scan.entry_lines[position] if position < len(scan.entry_lines) else "?"
     if entry["id"] != stored_id:
         raise ImportConflictError(
             sid, f"entry {position + 1} is {stored_id!r} in the store but {entry['id']!r} in the file, "
             f"line {line}"
         )
-    if entry_hash(storable(entry)[0]) == stored_hash:
+    if entry_hash(_storable(entry)[0]) == stored_hash:
         return
-    if tombstone is not None and all(tombstone.get(k) == entry.get(k) for k in ("type", "id", "parentId", "timestamp")):
-        return  # redacted in the store: the same entry, its content hidden
+    if stored_id in stored.redacted and entry.get("parentId") == parent and entry.get("timestamp") == timestamp:
+        marker = entry.get("redacted")
+        if is_tombstone(entry) and entry.get("type") == stored_type:
+            return  # the store's own tombstone
+        if (entry.get("type") == "redacted" and isinstance(marker, dict)
+                and marker.get("type") == stored_type):
+            return  # the tombstone an export writes: the same entry, its content hidden
     raise ImportConflictError(
         sid, f"entry {stored_id!r}, line {line} of the file, has other content in the store"
     )
 
 
+def _as_js(value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` as a pi file holds it once exported and read back: with JavaScript's numbers.
+
+    The store keeps what an append gave it (``1.0``, ``-0.0``, ``2**64``); an export writes
+    ``JSON.stringify``'s ``1``, ``0``, ``18446744073709552000``, and the scan reads the file
+    the way ``JSON.parse`` does. So the stored side is compared as JavaScript holds it: the
+    same entry exported and imported again is the same entry, not other content.
+    """
+    from store.model.js_json import normalize_js_value
+
+    try:
+        return normalize_js_value(value)  # type: ignore[no-any-return]
+    except InvalidEntryError:
+        return value  # nothing JS could hold: compared as it is (and so differs)
+
+
 def _header_difference(stored: dict[str, Any], new: dict[str, Any]) -> str:
+    stored = _as_js(stored)
     for key in sorted(set(stored) | set(new)):
         if stored.get(key) != new.get(key):
             return f"its header's {key!r} is {stored.get(key)!r} in the store and {new.get(key)!r} in the file"

@@ -30,7 +30,7 @@ def assert_verified(report: dict[str, Any], stderr: str) -> None:
     verification = report["verification"]
     assert verification["problems"] == [], stderr
     assert report["ok"] is True and verification["ok"] is True
-    assert set(verification["checks"]) == {"history", "verify", "forks", "redaction", "workers"}
+    assert set(verification["checks"]) == {"history", "verify", "forks", "roundtrip", "redaction", "workers"}
     assert all(verification["checks"].values())
     summary = report["summary"]
     # Everything the demo is there to show happened (counts, not timings).

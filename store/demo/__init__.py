@@ -137,6 +137,7 @@ def _verify(store: SessionStore, log_dir: Path, stats: Stats, sessions: list[str
         check_forks,
         check_history,
         check_redaction,
+        check_round_trip,
         check_store,
         load_ops,
     )
@@ -146,6 +147,7 @@ def _verify(store: SessionStore, log_dir: Path, stats: Stats, sessions: list[str
     check_history(store, ops, verification)
     check_store(store, verification)
     check_forks(store, stats.forks, verification)
+    check_round_trip(store, sessions, verification)
     check_redaction(store, secret, sessions, stats.redaction["session"] if stats.redaction else None,
                     verification, purged=purged)
     verification.add("workers", stats.errors)

@@ -12,7 +12,8 @@ The history (one record per append, from every worker's ``RecordingStore`` log) 
 
 plus ``verify`` over every session (segments without gaps, objects that parse, manifests and
 bases consistent, parents present, Redis not ahead), forks (each reads as its source's path
-to the fork point, then its own entries; its export holds the same), and the redaction (the
+to the fork point, then its own entries; its export holds the same), every session's export
+imported again (accepted, and nothing changes), and the redaction (the
 secret is in no load, context or export, and after the final compaction in no object).
 """
 
@@ -154,6 +155,27 @@ def check_forks(store: SessionStore, forks: list[dict[str, Any]], result: Verifi
         except SessionStoreError as exc:
             problems.append(f"{sid}: {type(exc).__name__}: {exc}")
     result.add("forks", problems)
+
+
+def check_round_trip(store: SessionStore, sessions: list[str], result: Verification) -> None:
+    """Each session exported, then imported again: the same session (the README's "pi files
+    import and export losslessly"), so the import is accepted and changes nothing."""
+    from store.pi_import import import_pi_file
+
+    problems: list[str] = []
+    for sid in sessions:
+        try:
+            tail = store.get_tail(sid)
+            text = store.export_pi_session(sid)
+            imported = import_pi_file(store, text)
+            if (imported.session_id, imported.status, imported.appended) != (sid, "unchanged", 0):
+                problems.append(f"{sid}: importing its export was {imported.status} into "
+                                f"{imported.session_id} ({imported.appended} appended)")
+            if store.get_tail(sid) != tail or store.export_pi_session(sid) != text:
+                problems.append(f"{sid}: importing its export changed it")
+        except SessionStoreError as exc:
+            problems.append(f"{sid}: {type(exc).__name__}: {exc}")
+    result.add("roundtrip", problems)
 
 
 def check_redaction(
