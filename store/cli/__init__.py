@@ -62,7 +62,7 @@ def _add_global(parser: argparse.ArgumentParser, *, sub: bool) -> None:
                    help=f"object store: s3://bucket/prefix?endpoint=..., file:///dir or a directory "
                         f"(env {ENV_OBJECTS}; default ./.sessionstore)")
     g.add_argument("--redis", metavar="URL", default=d,
-                   help=f"redis://host:6379/0 or rediss://... (env {ENV_REDIS}; default: an embedded "
+                   help=f"redis://host:6379/0, rediss://... or unix:///path/redis.sock?db=0 (env {ENV_REDIS}; default: an embedded "
                         "redis-server beside a local directory)")
     g.add_argument("--redis-prefix", metavar="PREFIX", default=d,
                    help=f"Redis key prefix (env {ENV_PREFIX}; default ss)")

@@ -196,6 +196,9 @@ def check_redis_url(url: str, source: str = "--redis") -> None:
         if scheme not in _REDIS_SCHEMES:
             raise _bad_url(source, url, "the scheme must be redis://, rediss://, unix:// or "
                            "redis+cluster://", example)
+        if "://" not in url:
+            raise _bad_url(source, url, f"it must start with {scheme}://",
+                           "unix:///run/redis.sock?db=0" if scheme == "unix" else example)
         if scheme == "unix":
             if not parsed.path:
                 raise _bad_url(source, url, "no socket path", "unix:///run/redis.sock?db=0")
@@ -214,15 +217,23 @@ def check_redis_url(url: str, source: str = "--redis") -> None:
         # What redis-py itself parses (query options, ports), without the cluster flag.
         from redis.connection import parse_url
 
-        plain = parsed._replace(
-            scheme=scheme.replace("+cluster", ""),
-            query="&".join(f"{k}={v}" for k, v in parse_qsl(parsed.query) if k != "cluster"),
-        ).geturl()
-        parse_url(plain)
+        parse_url(_without_cluster_flag(url))
     except CliError:
         raise
     except ValueError as exc:
         raise _bad_url(source, url, str(exc), example) from None
+
+
+def _without_cluster_flag(url: str) -> str:
+    """``url`` as redis-py reads it: the scheme without ``+cluster``, the query without
+    ``cluster=``. Rebuilt by hand: ``urlunparse`` writes ``unix:///run/redis.sock`` (no host)
+    as ``unix:/run/redis.sock``, which redis-py refuses."""
+    from urllib.parse import parse_qsl, urlencode
+
+    scheme, rest = url.split("://", 1)
+    rest, _, query = rest.partition("?")
+    options = urlencode([(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "cluster"])
+    return f"{scheme.lower().replace('+cluster', '')}://{rest}" + (f"?{options}" if options else "")
 
 
 def check_objects_url(url: str, source: str = "--objects") -> None:

@@ -1,0 +1,108 @@
+"""What a new user of the command line meets first (issue #35): unix-socket Redis URLs,
+mistyped directories, ``python -m compactor`` agreeing with ``sessionstore``, backends that
+are down, skipped lines of an import.
+
+Real servers throughout: a redis-server listening on a unix socket, local stores in
+temporary directories, the S3 server over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_cli import REPO, Result, jsonl, msg, one_line, subprocess_env
+
+from store.cli import main
+from store.cli.common import Exit
+
+
+def cli_in(capsys: pytest.CaptureFixture[str], *args: str) -> Result:
+    capsys.readouterr()
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return Result(code, captured.out, captured.err)
+
+
+def compactor(*args: str, cwd: Path | None = None, timeout: float = 60, **env: str) -> Result:
+    proc = subprocess.run([sys.executable, "-m", "compactor", *args], capture_output=True, cwd=cwd or REPO,
+                          env=subprocess_env(**env), timeout=timeout)
+    return Result(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
+# --- unix:// Redis URLs ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def unix_redis(redis_server_factory: Callable[..., Any]) -> Iterator[str]:
+    """The path of a unix socket a fresh redis-server listens on (a short path: sun_path
+    holds about 100 bytes, more than a pytest tmp_path leaves)."""
+    directory = tempfile.mkdtemp(prefix="ss-sock-")
+    socket_path = f"{directory}/redis.sock"
+    try:
+        redis_server_factory(config={"unixsocket": socket_path, "unixsocketperm": "700"})
+        yield socket_path
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.parametrize("query", ["", "?db=0", "?db=3"])
+def test_a_unix_socket_redis_url_works_in_every_command(
+    unix_redis: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], query: str
+) -> None:
+    url = f"unix://{unix_redis}{query}"
+    base = ("--objects", str(tmp_path / "store"), "--redis", url)
+
+    def ok(*args: str) -> Result:
+        res = cli_in(capsys, *base, *args)
+        assert res.code == 0, (args, res.err)
+        assert "bad Redis URL" not in res.err
+        return res
+
+    sid = json.loads(ok("create", "--name", "over a socket", "--json").out)["session"]
+    ok("append", sid, str(_write(tmp_path / "e.jsonl", jsonl(msg("m1", None, "user", "hi")))))
+    assert [s["session"] for s in json.loads(ok("ls", "--json").out)] == [sid]
+    assert json.loads(ok("info", sid, "--json").out)["entries"] == 2  # its name, then m1
+    ok("show", sid)
+    exported = ok("export", sid).out
+    ok("fork", sid, "m1", "--id", "forked")
+    ok("compact", sid)
+    ok("gc", "--grace", "0")
+    ok("verify")
+    ok("follow", sid, "--from-start", "--timeout", "0.2")
+    assert '"id":"m1"' in exported
+    # The compactor's command line takes the same URL.
+    res = compactor("compact", sid, "--objects", (tmp_path / "store").as_uri(), "--redis", url)
+    assert res.code == 0, res.err
+    res = compactor("work", "--burst", "--objects", (tmp_path / "store").as_uri(), "--redis", url)
+    assert res.code == 0, res.err
+    # And the database it names is the one used: the session's tail is there.
+    import redis
+
+    db = int(query.partition("=")[2] or 0)
+    client = redis.Redis(unix_socket_path=unix_redis, db=db)
+    try:
+        assert any(sid.encode() in key for key in client.keys("*"))
+    finally:
+        client.close()
+
+
+def test_a_unix_url_without_its_slashes_is_a_usage_error_that_says_how(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    res = cli_in(capsys, "--objects", str(tmp_path), "--redis", "unix:/run/redis.sock", "ls")
+    assert res.code == Exit.USAGE
+    assert "unix:///run/redis.sock" in one_line(res.err)
+    assert not (tmp_path / ".redis").exists()
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
