@@ -90,6 +90,9 @@ class ImportResult:
     appended: int
     #: The file's own session id (its header's), when the import went elsewhere.
     header_id: str | None = None
+    #: 1-based numbers of the non-blank lines that are not JSON: skipped, as pi skips them
+    #: (nothing of them is stored; the caller should say so).
+    skipped_lines: tuple[int, ...] = ()
 
 
 def import_pi_file(
@@ -117,7 +120,7 @@ def import_pi_file(
             )
         sid = check_session_id(session_id if session_id is not None else header.get("id"))
         try:
-            return _import_into(store, scan, header, sid)
+            return replace(_import_into(store, scan, header, sid), skipped_lines=scan.skipped_lines)
         except ImportConflictError:
             if on_conflict == "refuse":
                 raise
@@ -127,7 +130,7 @@ def import_pi_file(
                 result = _import_into(store, scan, header, candidate)
             except ImportConflictError:
                 continue
-            return replace(result, header_id=str(header.get("id")))
+            return replace(result, header_id=str(header.get("id")), skipped_lines=scan.skipped_lines)
         raise ImportConflictError(sid, f"and so are {sid}-2 .. {sid}-{_MAX_SUFFIX}")
 
 

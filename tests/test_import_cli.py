@@ -172,3 +172,28 @@ def test_the_library_refuses_the_same_way(pi_dir: Path, make_store: Any) -> None
     assert (longer.status, longer.appended, longer.handle.tail().entry_count) == ("extended", 2, 5)
     moved = import_pi_file(store, pi_dir / "b.jsonl", on_conflict="new-id")
     assert (moved.session_id, moved.header_id) == ("shared-id-2", "shared-id")
+
+
+def test_lines_that_are_not_json_are_reported_with_their_numbers(cli: CLI, tmp_path: Path) -> None:
+    """pi skips a line that does not parse, and so does the import; but it says so, on stderr
+    and in --json, with the line numbers, instead of exiting 0 as if the file were whole."""
+    a0, a1 = chain("a", 2)
+    path = tmp_path / "cut.jsonl"
+    path.write_bytes(jsonl(HEADER, a0) + b'{"type":"message", "id": "lost\n\n' + jsonl(a1) + b"not json\n")
+    res = cli("import", str(path), "--json")
+    assert res.code == 0, res.err
+    report = res.json()
+    assert report["skipped_lines"] == 2
+    assert report["files"][0]["skipped_lines"] == [3, 6]
+    assert report["files"][0]["entries"] == 2
+    line = one_line(res.err)
+    assert str(path) in line and "skipped 2 lines" in line and "lines 3, 6" in line
+    # Without --json: the same line on stderr, the usual one on stdout.
+    res = cli("import", str(path))
+    assert res.code == 0 and res.out.startswith("unchanged")
+    assert "lines 3, 6" in one_line(res.err)
+    # A whole file: nothing said, an empty list.
+    whole = pi_file(tmp_path / "whole.jsonl", *chain("w", 2), header={**HEADER, "id": "whole"})
+    res = cli("import", str(whole), "--json")
+    assert res.code == 0 and res.err == ""
+    assert res.json()["files"][0]["skipped_lines"] == [] and res.json()["skipped_lines"] == 0

@@ -163,7 +163,7 @@ def _import_one(store: SessionStore, path: str, args: argparse.Namespace) -> dic
         source: Any = sys.stdin.buffer if path == "-" else Path(path)  # a pipe is spooled to disk, not memory
         res = import_pi_file(store, source, sid, on_conflict=args.on_conflict)
         row = {"path": path, "ok": True, "session": res.session_id, "status": res.status,
-               "entries": res.entries, "appended": res.appended}
+               "entries": res.entries, "appended": res.appended, "skipped_lines": list(res.skipped_lines)}
         if res.header_id is not None:
             row["header_id"] = res.header_id
         return row
@@ -184,7 +184,7 @@ class _Tally:
         self.status = StatusLine(sys.stderr)
         self.lock = threading.Lock()
         self.results: list[dict[str, Any]] = []
-        self.totals = {"entries": 0, "appended": 0, "refused": 0}
+        self.totals = {"entries": 0, "appended": 0, "refused": 0, "skipped_lines": 0}
 
     def report(self, res: dict[str, Any]) -> None:
         with self.lock:
@@ -192,6 +192,7 @@ class _Tally:
             if res["ok"]:
                 self.totals["entries"] += res["entries"]
                 self.totals["appended"] += res["appended"]
+                self.totals["skipped_lines"] += len(res["skipped_lines"])
             else:
                 self.totals["refused"] += 1
             if self.show_progress:
@@ -205,9 +206,14 @@ class _Tally:
 def _print_import(tally: _Tally, args: argparse.Namespace, *, as_json: bool) -> None:
     results, totals, files = tally.results, tally.totals, tally.files
     imported = sum(1 for r in results if r["ok"])
+    for res in results:
+        if res["ok"] and res["skipped_lines"]:
+            # pi skips them too, so the import goes on; but nothing of them is in the store.
+            err(f"sessionstore import: {res['path']}: skipped {_skipped(res['skipped_lines'])}")
     if as_json:
         out(dump_json({"imported": imported, "refused": totals["refused"], "entries": totals["entries"],
-                       "appended": totals["appended"], "files": results}))
+                       "appended": totals["appended"], "skipped_lines": totals["skipped_lines"],
+                       "files": results}))
         return
     for res in results:
         if not res["ok"]:
@@ -218,6 +224,12 @@ def _print_import(tally: _Tally, args: argparse.Namespace, *, as_json: bool) -> 
         out(f"imported {imported} of {files} files ({totals['entries']:,} entries, "
             f"{totals['appended']:,} of them new)"
             + (f"; {totals['refused']} refused" if totals["refused"] else ""))
+
+
+def _skipped(lines: list[int], shown: int = 10) -> str:
+    numbers = ", ".join(str(n) for n in lines[:shown]) + (f", ... ({len(lines) - shown} more)" if len(lines) > shown else "")
+    return (f"{counted(len(lines), 'line that is', 'lines that are')} not JSON (line{'s' if len(lines) > 1 else ''} "
+            f"{numbers}): not imported, as pi skips them when it reads the file")
 
 
 def _import_line(res: dict[str, Any]) -> str:
