@@ -106,3 +106,43 @@ def test_a_unix_url_without_its_slashes_is_a_usage_error_that_says_how(
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+# --- a local directory that does not exist -------------------------------------------------------
+
+
+READING = [
+    ("ls",), ("info", "s1"), ("show", "s1"), ("context", "s1"), ("export", "s1"), ("export", "--all", "-o", "out"),
+    ("follow", "s1", "--timeout", "0.1"), ("verify",), ("doctor",), ("compact",), ("gc",),
+    ("append", "s1", "-"), ("fork", "s1"), ("redact", "s1", "e1", "--reason", "r"), ("delete", "s1", "--yes"),
+    ("claude-export", "s1", "-o", "out"), ("trash", "ls"),
+]
+
+
+@pytest.mark.parametrize("command", READING, ids=[" ".join(c) for c in READING])
+def test_a_missing_local_directory_is_an_error_naming_it_not_a_new_store(
+    command: tuple[str, ...], tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    typo = tmp_path / "sesions"
+    res = cli_in(capsys, "--objects", str(typo), "--redis", redis_url, *command)
+    assert res.code == Exit.NOT_FOUND, res
+    assert one_line(res.err) == (f"sessionstore: no store at {typo}: the directory does not exist (mistyped? "
+                                 "create, import and serve start a new store there)")
+    assert not typo.exists() and res.out == ""
+
+
+def test_commands_that_write_start_a_store_in_a_new_directory(
+    tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fresh = tmp_path / "new" / "store"
+    res = cli_in(capsys, "--objects", str(fresh), "--redis", redis_url, "create", "s1")
+    assert res.code == 0, res.err
+    res = cli_in(capsys, "--objects", str(fresh), "--redis", redis_url, "ls", "--json")
+    assert res.code == 0 and [s["session"] for s in json.loads(res.out)] == ["s1"]
+    other = tmp_path / "imported"
+    pi = _write(tmp_path / "p.jsonl", jsonl({"type": "session", "version": 3, "id": "p1", "timestamp": "t", "cwd": "/"}))
+    res = cli_in(capsys, "--objects", str(other), "--redis", redis_url, "--redis-prefix", "other", "import", str(pi))
+    assert res.code == 0, res.err
+    assert other.is_dir()

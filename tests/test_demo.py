@@ -48,6 +48,10 @@ def test_demo_on_the_test_servers(s3_url: str, redis_url: str, redis_prefix: str
     # The run used a namespace of its own under the given prefix, and removed it afterwards.
     assert report["store"]["objects"].startswith(s3_url.split("?")[0] + "/demo-")
     assert report["store"]["redis_prefix"].startswith(f"{redis_prefix}-demo-")
+    # ... and said so.
+    assert report["store"]["kept"] is False
+    assert "(removed at the end; --keep keeps it)" in stderr.splitlines()[0]
+    assert f"removed the demo's data (its objects under {report['store']['objects']} and its Redis keys under " in stderr
 
 
 def test_demo_on_the_embedded_default(tmp_path: Path) -> None:
@@ -58,8 +62,11 @@ def test_demo_on_the_embedded_default(tmp_path: Path) -> None:
         assert code == 0, stderr
         assert_verified(report, stderr)
         assert report["store"]["redis"] == "embedded"
-        # Without --keep the demo stops the redis-server it started.
+        # Without --keep the demo stops the redis-server it started; the data of a --dir stays, and it says so.
         assert not embedded.running() and embedded.pid() is None
+        assert report["store"]["kept"] is True
+        assert f"the demo's data stays in {directory} (--dir)" in stderr
+        assert any((directory / "sessions").iterdir())
     finally:
         embedded.stop()
 
@@ -70,3 +77,26 @@ def test_demo_refuses_a_directory_that_is_not_its_own(tmp_path: Path) -> None:
                           capture_output=True, env=subprocess_env(), timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.decode().strip().endswith("is not empty: the demo needs a directory of its own")
+
+
+def test_demo_with_keep_says_where_its_data_is(tmp_path: Path) -> None:
+    """On a new temporary directory, removed at the end by default; --keep keeps it and says
+    where it is and how to look at it."""
+    code, report, stderr = run_demo(demo_args=("--keep", "--sessions", "1", "--turns", "1", "--no-compactor"),
+                                    cwd=tmp_path)
+    directory = Path(report["store"]["objects"].removeprefix("file://"))
+    embedded = EmbeddedRedis(directory / ".redis")
+    try:
+        assert code == 0, stderr
+        assert report["store"]["kept"] is True and directory.is_dir()
+        assert f"kept the demo's data: embedded store in {directory}; look at it with `sessionstore --objects {directory} ls`" in stderr
+        assert f"`sessionstore --objects {directory} embedded stop` stops it" in stderr
+        assert "removed at the end" not in stderr
+        listed = subprocess.run([sys.executable, "-m", "store.cli", "--objects", str(directory), "ls", "--json"],
+                                capture_output=True, env=subprocess_env(), timeout=60)
+        assert listed.returncode == 0 and len(json.loads(listed.stdout)) >= 1
+    finally:
+        embedded.stop()
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)

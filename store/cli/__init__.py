@@ -29,6 +29,7 @@ from store.cli.common import (
     Exit,
     classify,
     err,
+    require_existing_store,
     resolve_config,
 )
 
@@ -43,6 +44,13 @@ exit codes: 0 ok, 1 faults found (verify, doctor, demo, import with refused file
 environment: SESSIONSTORE_OBJECTS_URL, SESSIONSTORE_REDIS_URL, SESSIONSTORE_REDIS_PREFIX,
 SESSIONSTORE_KEYS (encryption at rest: file:///keyring.json or kms://KEY), SESSIONSTORE_DEBUG=1 (tracebacks). Without them: ./.sessionstore/ and an embedded Redis.
 """
+
+
+#: The commands that may start a store in a local directory that does not exist yet (they
+#: write something new there). Every other one refuses such a directory: it reads or changes
+#: what is there, and a mistyped path must not read as a new, empty store. (``embedded`` opens
+#: no store: it looks for a server.)
+STARTS_A_STORE = ("create", "import", "claude-import", "serve", "demo", "embedded")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -274,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx: commands.Ctx | None = None
     try:
         config = resolve_config(args.objects, args.redis, args.redis_prefix, args.allow_unsafe_backend)
+        if args.command not in STARTS_A_STORE:
+            require_existing_store(config, "create, import and serve")
         ctx = commands.Ctx(config, json=args.json)
         return int(args.func(args, ctx))
     except KeyboardInterrupt:

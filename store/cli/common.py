@@ -270,6 +270,17 @@ def check_objects_url(url: str, source: str = "--objects") -> None:
         raise _bad_url(source, url, str(exc), example) from None
 
 
+def require_existing_store(config: Config, starts: str) -> None:
+    """Refuse a local directory that does not exist: opening it would make a new, empty store
+    there, so a mistyped or vanished path would read as a store without sessions. Commands
+    that start a store (``starts`` names them) create it instead."""
+    directory = config.local_dir
+    if directory is None or directory.exists():
+        return
+    raise CliError(f"no store at {directory}: the directory does not exist (mistyped? {starts} "
+                   "start a new store there)", Exit.NOT_FOUND)
+
+
 def open_store(config: Config, **options: Any) -> Any:
     """A ``SessionStore`` for the configuration (starting the embedded Redis if needed)."""
     from store.core import SessionStore

@@ -68,8 +68,9 @@ def run_demo(args: argparse.Namespace, ctx: Ctx) -> dict[str, Any]:
     log_dir = Path(tempfile.mkdtemp(prefix="sessionstore-demo-logs-"))
     status = StatusLine(sys.stderr)
     t0 = time.monotonic()
+    removed = " (removed at the end; --keep keeps it)" if loc.removes_data and not args.keep else ""
     err(f"sessionstore demo: {size.workers} workers, {size.sessions} sessions x {size.turns} turns "
-        f"on {loc.description}")
+        f"on {loc.description}{removed}")
     store: SessionStore | None = None
     fleet: Fleet | None = None
     report: dict[str, Any] = {"ok": False}
@@ -194,7 +195,7 @@ def _report(store: SessionStore, loc: Location, args: argparse.Namespace, size: 
         "verification": verification.to_json(),
         "summary": summary,
         "store": {"objects": loc.objects_url, "redis": loc.redis_url or "embedded",
-                  "redis_prefix": loc.redis_prefix, "kept": bool(args.keep)},
+                  "redis_prefix": loc.redis_prefix, "kept": bool(args.keep) or not loc.removes_data},
         "tree_session": tree_sid,
     }
 

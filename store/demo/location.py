@@ -34,6 +34,11 @@ class Location:
     #: External backends: delete the run's objects and keys at the end (unless --keep).
     external: bool = False
 
+    @property
+    def removes_data(self) -> bool:
+        """Whether the end of the run (without --keep) removes what it wrote."""
+        return bool(self.remove_dirs) or self.external
+
 
 def run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
@@ -96,10 +101,44 @@ def stop_embedded(loc: Location) -> None:
 
 def cleanup_local(loc: Location, log_dir: Path, *, keep: bool) -> None:
     if keep:
-        err(f"kept the demo's logs in {log_dir}")
+        say_kept(loc, log_dir)
         return
     stop_embedded(loc)
     for d in loc.remove_dirs:
         shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(log_dir, ignore_errors=True)
+    say_removed(loc)
+
+
+def say_kept(loc: Location, log_dir: Path) -> None:
+    """Where the kept data is, and how to look at it."""
+    where = _objects_arg(loc)
+    redis = f" --redis '{loc.redis_url}'" if loc.redis_url else ""
+    prefix = f" --redis-prefix {loc.redis_prefix}" if loc.external else ""
+    err(f"kept the demo's data: {loc.description}; look at it with `sessionstore --objects {where}{redis}{prefix} ls`")
+    if loc.embedded_dir is not None:
+        err(f"its embedded redis-server keeps running: `sessionstore --objects {where} embedded stop` stops it")
+    err(f"kept the demo's logs in {log_dir}")
+
+
+def say_removed(loc: Location) -> None:
+    """What the end of the run removed, or, for a --dir of the user's, that it stays."""
+    if not loc.removes_data:
+        where = _objects_arg(loc)
+        err(f"the demo's data stays in {where} (--dir); its embedded redis-server was stopped, and "
+            f"`sessionstore --objects {where} ls` starts it again")
+        return
+    what = [f"the store in {d}" for d in loc.remove_dirs]
+    if loc.external:
+        what.append(f"its objects under {loc.objects_url} and its Redis keys under {loc.redis_prefix}")
+    err(f"removed the demo's data ({'; '.join(what)}); --keep keeps it to explore")
+
+
+def _objects_arg(loc: Location) -> str:
+    parsed = urlparse(loc.objects_url)
+    if parsed.scheme == "file":
+        from urllib.parse import unquote
+
+        return unquote(parsed.path)
+    return f"'{loc.objects_url}'"
 
