@@ -1,18 +1,9 @@
 """``python -m compactor`` / ``sessionstore-compactor``: the worker and operator commands.
 
-::
-
-    python -m compactor [work] [--burst] ...      serve the job queue (default command)
-    python -m compactor compact SID [SID ...]     compact now, print the results (JSON)
-    python -m compactor gc [SID ...]              GC the given sessions, or all of them
-    python -m compactor purge SID [SID ...]       compact, then delete retired objects now (erasure)
-    python -m compactor history SID               compaction records, newest first
-    python -m compactor parked                    parked jobs and their errors
-
-Configuration: ``--objects`` / ``SESSIONSTORE_OBJECTS_URL``, ``--redis`` /
-``SESSIONSTORE_REDIS_URL``, ``--redis-prefix`` / ``SESSIONSTORE_REDIS_PREFIX``, ``--grace`` /
-``SESSIONSTORE_COMPACTOR_GRACE`` (seconds). Logs are JSON lines on stderr; command results
-are JSON on stdout.
+The store is found as ``sessionstore`` finds it (``store.cli.common.resolve_config``): the same
+flags, environment variables, checks and default (``./.sessionstore`` and its embedded Redis),
+and a local directory that does not exist is refused, never made a new store. ``--help`` prints
+``_DESCRIPTION``, plain text. Logs are JSON lines on stderr; command results are JSON on stdout.
 """
 
 from __future__ import annotations
@@ -33,10 +24,40 @@ from compactor.config import DEFAULT_GRACE_MS, CompactorOptions, WorkerOptions
 from coordination.jobs import JobQueue
 from compactor.logs import configure
 from compactor.worker import Worker
+from store.cli.common import (
+    DEFAULT_DIR,
+    ENV_OBJECTS,
+    ENV_PREFIX,
+    ENV_REDIS,
+    CliError,
+    Config,
+    classify,
+    require_existing_store,
+    resolve_config,
+)
 from store.core import SessionStore
 from store.errors import BackendUnavailableError, SessionStoreError
 
 log = logging.getLogger("sessionstore.compactor")
+
+_DESCRIPTION = """\
+The compactor: merges sessions' segments into bases, deletes what that retires once its grace
+period is over, and runs retention.
+
+  python -m compactor [work] [--burst] ...      serve the job queue (the default command)
+  python -m compactor compact SID [SID ...]     compact now, print the results (JSON)
+  python -m compactor gc [SID ...]              GC the given sessions, or all of them
+  python -m compactor purge SID [SID ...]       compact, then delete retired objects now (erasure)
+  python -m compactor history SID               compaction records, newest first
+  python -m compactor parked                    parked jobs and their errors
+
+The store is found as sessionstore finds it: --objects (a URL or a directory; env
+SESSIONSTORE_OBJECTS_URL; default ./.sessionstore), --redis (env SESSIONSTORE_REDIS_URL;
+default: the embedded Redis beside a local directory), --redis-prefix (env
+SESSIONSTORE_REDIS_PREFIX; default ss). --grace: env SESSIONSTORE_COMPACTOR_GRACE (seconds).
+`python -m compactor COMMAND --help` lists a command's options. Logs are JSON lines on stderr;
+command results are JSON on stdout.
+"""
 
 _COMMANDS = ("work", "compact", "gc", "purge", "history", "parked")
 
@@ -45,17 +66,19 @@ def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     d = CompactorOptions(worker="-")
     env = os.environ.get
-    p.add_argument("--objects", default=env("SESSIONSTORE_OBJECTS_URL"),
-                   help="object store URL: s3://bucket/prefix?endpoint=..., file:///path "
-                        "(env SESSIONSTORE_OBJECTS_URL)")
-    p.add_argument("--redis", default=env("SESSIONSTORE_REDIS_URL"),
-                   help="redis://host:6379/0 (env SESSIONSTORE_REDIS_URL; default: the embedded "
-                        "Redis beside a file:// store)")
+    # Resolved by store.cli.common.resolve_config, as sessionstore resolves them (flag, then
+    # environment, then default): no defaults here.
+    p.add_argument("--objects", metavar="URL|DIR",
+                   help="object store: s3://bucket/prefix?endpoint=..., file:///dir or a directory "
+                        f"(env {ENV_OBJECTS}; default ./{DEFAULT_DIR})")
+    p.add_argument("--redis", metavar="URL",
+                   help="redis://host:6379/0, rediss://... or unix:///path/redis.sock?db=0 "
+                        f"(env {ENV_REDIS}; default: the embedded Redis beside a local directory)")
     p.add_argument("--keys", default=env("SESSIONSTORE_KEYS"),
                    help="key provider of encrypted sessions: file:///path/keyring.json or "
                         "kms://KEY?region=... (env SESSIONSTORE_KEYS; docs/encryption.md)")
-    p.add_argument("--redis-prefix", default=env("SESSIONSTORE_REDIS_PREFIX", "ss"),
-                   help="Redis key prefix (env SESSIONSTORE_REDIS_PREFIX, default ss)")
+    p.add_argument("--redis-prefix", metavar="PREFIX",
+                   help=f"Redis key prefix (env {ENV_PREFIX}; default ss)")
     p.add_argument("--grace", type=float,
                    default=float(env("SESSIONSTORE_COMPACTOR_GRACE", DEFAULT_GRACE_MS / 1000)),
                    help="seconds before retired objects and orphans are deleted "
@@ -71,7 +94,7 @@ def _common() -> argparse.ArgumentParser:
 
 def _parser() -> argparse.ArgumentParser:
     common = _common()
-    parser = argparse.ArgumentParser(prog="python -m compactor", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m compactor", description=_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("work", parents=[common], help="serve the job queue")
@@ -125,9 +148,9 @@ def _print(value: Any) -> None:
     sys.stdout.flush()
 
 
-def _store_options(args: argparse.Namespace) -> dict[str, object]:
+def _store_options(args: argparse.Namespace, config: Config) -> dict[str, object]:
     # This process is the compactor: no second worker in a thread (store/maintenance.py).
-    options: dict[str, object] = {"redis_prefix": args.redis_prefix, "compact": False}
+    options: dict[str, object] = {"redis_prefix": config.redis_prefix, "compact": False}
     if args.keys:
         from store.crypto import key_provider_from_url
 
@@ -135,13 +158,13 @@ def _store_options(args: argparse.Namespace) -> dict[str, object]:
     return options
 
 
-def _open_store(args: argparse.Namespace) -> SessionStore | None:
+def _open_store(args: argparse.Namespace, config: Config) -> SessionStore | None:
     """Open the store. A worker (``work``) started during an outage waits for the backends
     with backoff, logging why, instead of exiting; SIGTERM/SIGINT while waiting stop it
     (None). One-shot commands fail at once. A refusal (bad credentials, a missing bucket, a
     backend without conditional writes) is never waited on."""
     if args.command != "work":
-        return SessionStore.from_url(args.objects, args.redis, **_store_options(args))
+        return SessionStore.from_url(config.objects_url, config.redis_url, **_store_options(args, config))
     stop = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     for sig in previous:
@@ -150,7 +173,7 @@ def _open_store(args: argparse.Namespace) -> SessionStore | None:
         wait = 0.5
         while not stop.is_set():
             try:
-                return SessionStore.from_url(args.objects, args.redis, **_store_options(args))
+                return SessionStore.from_url(config.objects_url, config.redis_url, **_store_options(args, config))
             except BackendUnavailableError as exc:
                 log.warning("store unavailable at start, retrying", extra={"error": str(exc), "wait_s": wait})
                 stop.wait(wait)
@@ -167,9 +190,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list.insert(0, "work")
     args = _parser().parse_args(args_list)
     configure(args.log_level)
-    if not args.objects:
-        print("error: --objects or SESSIONSTORE_OBJECTS_URL is required", file=sys.stderr)
-        return 2
+    try:
+        config = resolve_config(args.objects, args.redis, args.redis_prefix)
+        require_existing_store(config, "sessionstore create, import and serve")
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return int(exc.code)
     options = CompactorOptions(
         grace_ms=int(args.grace * 1000),
         max_base_bytes=args.max_base_bytes,
@@ -177,10 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker=args.name,
     )
     try:
-        store = _open_store(args)
+        store = _open_store(args, config)
     except SessionStoreError as exc:
-        print(f"error: cannot open the store: {exc}", file=sys.stderr)
-        return 2
+        code, message = classify(exc)  # sessionstore's exit codes: 5 unavailable, 6 refused, ...
+        print(f"error: cannot open the store: {message}", file=sys.stderr)
+        return int(code)
     if store is None:
         return 0  # stopped while waiting for the store
     try:
@@ -231,8 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print({sid: asdict(p) for sid, p in queue.parked().items()})
         return 0
     except SessionStoreError as exc:
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        code, message = classify(exc)
+        print(f"error: {type(exc).__name__}: {message}", file=sys.stderr)
+        return int(code)
     finally:
         store.close()
 

@@ -129,7 +129,7 @@ def test_a_missing_local_directory_is_an_error_naming_it_not_a_new_store(
     res = cli_in(capsys, "--objects", str(typo), "--redis", redis_url, *command)
     assert res.code == Exit.NOT_FOUND, res
     assert one_line(res.err) == (f"sessionstore: no store at {typo}: the directory does not exist (mistyped? "
-                                 "create, import and serve start a new store there)")
+                                 "sessionstore create, import and serve start a new store there)")
     assert not typo.exists() and res.out == ""
 
 
@@ -146,3 +146,57 @@ def test_commands_that_write_start_a_store_in_a_new_directory(
     res = cli_in(capsys, "--objects", str(other), "--redis", redis_url, "--redis-prefix", "other", "import", str(pi))
     assert res.code == 0, res.err
     assert other.is_dir()
+
+
+# --- python -m compactor finds the store as sessionstore does -------------------------------------
+
+
+def test_the_compactor_takes_a_plain_directory_and_the_same_default_as_sessionstore(
+    tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    prefix = ("--redis", redis_url)
+    # sessionstore's default store, ./.sessionstore: the compactor's too.
+    assert cli_in(capsys, *prefix, "create", "s1").code == 0
+    for n in range(3):
+        entry = msg(f"m{n}", f"m{n - 1}" if n else None, "user", "hi")
+        res = cli_in(capsys, *prefix, "append", "s1", str(_write(tmp_path / "e.jsonl", jsonl(entry))))
+        assert res.code == 0, res.err
+    res = compactor("compact", "s1", *prefix, cwd=tmp_path)
+    assert res.code == 0, res.err
+    assert json.loads(res.out)[0]["segments_merged"] == [1, 3]
+    # A plain path, relative or absolute, as sessionstore takes it.
+    for objects in (".sessionstore", str(tmp_path / ".sessionstore")):
+        res = compactor("history", "s1", "--objects", objects, *prefix, cwd=tmp_path)
+        assert res.code == 0, res.err
+        assert json.loads(res.out)[0]["generation"] == 1
+    # The environment, as sessionstore reads it.
+    res = compactor("history", "s1", "--redis", redis_url, cwd=REPO, SESSIONSTORE_OBJECTS_URL=str(tmp_path / ".sessionstore"))
+    assert res.code == 0 and json.loads(res.out)[0]["generation"] == 1, res.err
+
+
+def test_the_compactor_refuses_what_sessionstore_refuses_with_the_same_words_and_codes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], redis_url: str
+) -> None:
+    typo = tmp_path / "typo"
+    for args, code in [
+        (("--objects", str(typo), "--redis", redis_url), Exit.NOT_FOUND),  # no new store at a typo
+        (("--objects", "ftp://x", "--redis", redis_url), Exit.USAGE),
+        (("--objects", str(tmp_path), "--redis", "unix:/x.sock"), Exit.USAGE),
+    ]:
+        ours = cli_in(capsys, *args, "gc")
+        theirs = compactor("gc", *args)
+        assert ours.code == theirs.code == code, (args, ours, theirs)
+        assert one_line(theirs.err) == one_line(ours.err).replace("sessionstore: ", "error: ", 1)
+    assert not typo.exists()
+
+
+def test_the_compactors_help_is_plain_text() -> None:
+    res = compactor("--help")
+    assert res.code == 0
+    assert "``" not in res.out and "::" not in res.out, res.out
+    assert "default ./.sessionstore" in res.out
+    for command in ("work", "gc"):
+        res = compactor(command, "--help")
+        assert res.code == 0 and "``" not in res.out
+        assert "default ./.sessionstore" in " ".join(res.out.split()), res.out

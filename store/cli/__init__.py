@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = resolve_config(args.objects, args.redis, args.redis_prefix, args.allow_unsafe_backend)
         if args.command not in STARTS_A_STORE:
-            require_existing_store(config, "create, import and serve")
+            require_existing_store(config, "sessionstore create, import and serve")
         ctx = commands.Ctx(config, json=args.json)
         return int(args.func(args, ctx))
     except KeyboardInterrupt:
