@@ -200,3 +200,63 @@ def test_the_compactors_help_is_plain_text() -> None:
         res = compactor(command, "--help")
         assert res.code == 0 and "``" not in res.out
         assert "default ./.sessionstore" in " ".join(res.out.split()), res.out
+
+
+# --- backends that are down ------------------------------------------------------------------------
+
+
+def test_with_redis_down_a_command_fails_at_once_in_one_line(
+    tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+    import time
+
+    store_dir = tmp_path / "store"
+    for n in range(15):
+        assert cli_in(capsys, "--objects", str(store_dir), "--redis", redis_url, "create", f"s{n}").code == 0
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        down = f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+    for command in (("ls",), ("info", "s1"), ("export", "s1"), ("create", "s99")):
+        started = time.monotonic()
+        res = cli_in(capsys, "--objects", str(store_dir), "--redis", down, *command)
+        took = time.monotonic() - started
+        assert res.code == Exit.UNAVAILABLE, (command, res)
+        assert one_line(res.err).startswith(f"sessionstore: Redis at {down} does not answer ("), res.err
+        assert took < 3.0, (command, took)  # was 19 s and 15 warnings for ls, 5-11 s for the others
+    # The password of a URL is not printed.
+    res = cli_in(capsys, "--objects", str(store_dir), "--redis", down.replace("//", "//:hunter2@"), "ls")
+    assert res.code == Exit.UNAVAILABLE and "hunter2" not in res.err and ":***@" in res.err
+
+
+def test_s3_errors_name_the_bucket_and_endpoint_not_an_internal_key(tmp_path: Path, redis_url: str) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    url = f"s3://my-bucket/some/prefix?endpoint={endpoint}&region=us-east-1"
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("AWS_")}
+    env["AWS_CONFIG_FILE"] = env["AWS_SHARED_CREDENTIALS_FILE"] = str(tmp_path / "none")
+    with_keys = {**env, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    for environment, code, says in ((env, Exit.REFUSED, "credentials missing"),
+                                    (with_keys, Exit.UNAVAILABLE, "Could not connect")):
+        proc = subprocess.run([sys.executable, "-m", "store.cli", "--objects", url, "--redis", redis_url, "ls"],
+                              capture_output=True, env=environment, timeout=120)
+        err = proc.stderr.decode()
+        assert proc.returncode == code, err
+        assert "_probe" not in err and "some/prefix/" not in err, err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("sessionstore: ") and says in last
+        assert f"bucket 'my-bucket' at {endpoint}" in last, err
+
+
+def test_serve_without_its_extra_is_a_configuration_error_naming_it(tmp_path: Path) -> None:
+    # The extra's absence, as an interpreter without uvicorn sees it: its import fails.
+    program = ("import sys; sys.modules['uvicorn'] = None\n"
+               "from store.cli import main\n"
+               f"sys.exit(main(['--objects', {str(tmp_path)!r}, 'serve', '--port', '0']))")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, env=subprocess_env(), timeout=60)
+    assert proc.returncode == Exit.USAGE, proc
+    line = one_line(proc.stderr.decode())
+    assert line.startswith("sessionstore: sessionstore serve needs the http extra") and "pip install 'sessionstore[http]'" in line

@@ -23,6 +23,9 @@ from store.cli.retention import add_retention_commands
 from store.cli.serve import add_serve_arguments
 from store.cli.common import (
     ENV_DEBUG,
+    Config,
+    CliError,
+    name_the_bucket,
     ENV_OBJECTS,
     ENV_PREFIX,
     ENV_REDIS,
@@ -189,8 +192,20 @@ def _add_follow_command(add: _Add) -> None:
                    help="seconds between reads when no notification arrives (default %(default)s)")
 
 
+def _cmd_serve(args: argparse.Namespace, ctx: commands.Ctx) -> int:
+    # Without the http extra, a configuration error (exit 2) that names it, not exit 1 (which
+    # means "faults found") from deep inside the service's imports.
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise CliError(f"sessionstore serve needs the http extra, which is not installed ({exc}): "
+                       "pip install 'sessionstore[http]'", Exit.USAGE) from None
+    return commands.cmd_serve(args, ctx)
+
+
 def _add_serve_command(add: _Add) -> None:
-    p = add("serve", "serve every stream and session over HTTP (the Durable Streams protocol)", commands.cmd_serve)
+    p = add("serve", "serve every stream and session over HTTP (the Durable Streams protocol)", _cmd_serve)
     add_serve_arguments(p)
 
 
@@ -282,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx: commands.Ctx | None = None
     try:
         config = resolve_config(args.objects, args.redis, args.redis_prefix, args.allow_unsafe_backend)
+        _OneLine.config = config
         if args.command not in STARTS_A_STORE:
             require_existing_store(config, "sessionstore create, import and serve")
         ctx = commands.Ctx(config, json=args.json)
@@ -296,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code, message = classify(exc)
         if os.environ.get(ENV_DEBUG):
             traceback.print_exc()
-        err(f"sessionstore: {message}")
+        err(f"sessionstore: {name_the_bucket(message, _OneLine.config)}")
         return code
     finally:
         if ctx is not None:
@@ -309,13 +325,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 class _OneLine(logging.Handler):
     """The store's warnings (Redis index not updated, ...) as one line each on stderr."""
 
+    #: The command's configuration, once resolved: lines name its bucket, not object keys.
+    config: Config | None = None
+
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            message = name_the_bucket(record.getMessage(), self.config)
             if record.name == "sessionstore.embedded":
                 # What the embedded server does (started, left running, stopped): news, not faults.
-                err(f"sessionstore: {record.getMessage()}")
+                err(f"sessionstore: {message}")
             else:
-                err(f"sessionstore: {record.levelname.lower()}: {record.getMessage()}")
+                err(f"sessionstore: {record.levelname.lower()}: {message}")
         except Exception:
             pass
 

@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 import orjson
 
+from store.retry import RetryPolicy
 from store.errors import (
     BackendError,
     BackendRefusedError,
@@ -281,9 +282,46 @@ def require_existing_store(config: Config, starts: str) -> None:
                    "start a new store there)", Exit.NOT_FOUND)
 
 
+#: A one-shot command's question to Redis before it starts: a few quick tries (a restart
+#: that is already ending), not the store's budget of up to 20 s per call, which is made for
+#: long-running processes riding out an outage and would let a command with Redis down take
+#: many times that, one wait and one warning per session.
+_REDIS_CHECK = RetryPolicy(attempts=3, max_elapsed=1.0, initial_wait=0.05, max_wait=0.5)
+
+
+def check_redis_answers(url: str) -> None:
+    """One PING to Redis (a few quick tries): a clear one-line error (exit 5) at once when it
+    does not answer, instead of every call of the command waiting out the retry budget."""
+    from coordination.redis import Coordinator
+
+    try:
+        coord = Coordinator.from_url(url, prefix="-", retry=_REDIS_CHECK)
+    except ValueError:
+        return  # a URL redis-py refuses: open_store reports it
+    try:
+        coord.ping()
+    except BackendError as exc:
+        raise CliError(f"Redis at {safe_url(url)} does not answer ({exc}); is the server running? "
+                       "`sessionstore doctor` checks the backends", Exit.UNAVAILABLE) from None
+    finally:
+        coord.close()
+
+
+def safe_url(url: str) -> str:
+    """The URL without its password."""
+    parsed = urlparse(url)
+    if parsed.password:
+        return url.replace(f":{parsed.password}@", ":***@", 1)
+    return url
+
+
 def open_store(config: Config, **options: Any) -> Any:
-    """A ``SessionStore`` for the configuration (starting the embedded Redis if needed)."""
+    """A ``SessionStore`` for the configuration (starting the embedded Redis if needed).
+    A Redis of its own must answer first (:func:`check_redis_answers`)."""
     from store.core import SessionStore
+
+    if config.redis_url is not None:
+        check_redis_answers(config.redis_url)
 
     options.setdefault("redis_prefix", config.redis_prefix)
     options.setdefault("allow_unsafe_backend", config.allow_unsafe_backend)
@@ -304,6 +342,25 @@ def open_store(config: Config, **options: Any) -> Any:
         # configuration, never an internal error.
         raise CliError(f"bad backend URL ({config.objects_url!r}, {config.redis_url or 'embedded'}): "
                        f"{exc}", Exit.USAGE) from None
+
+
+def name_the_bucket(text: str, config: Config | None) -> str:
+    """``text`` (an error or warning line) with the object keys and request URLs of an S3
+    store replaced by its bucket and endpoint: what the user configured, not the store's
+    internal objects (``_probe/verdict-...``)."""
+    if config is None or urlparse(config.objects_url).scheme != "s3":
+        return text
+    from store.objects import parse_s3_url
+
+    try:
+        s3 = parse_s3_url(config.objects_url)
+    except ValueError:
+        return text
+    where = f"bucket {s3.bucket!r}" + (f" at {s3.endpoint_url}" if s3.endpoint_url else "")
+    text = re.sub(r"\(object '[^']*'\)", f"({where})", text)
+    text = re.sub(r"\b(for|on) '[^']*'", rf"\1 {where}", text)
+    # botocore's "Could not connect to the endpoint URL: "http://host/bucket/key?..."": the endpoint.
+    return re.sub(r'"(https?://[^/"]+)/[^"]*"', r'"\1"', text)
 
 
 # --- output ----------------------------------------------------------------------------------
