@@ -265,8 +265,9 @@ def _same_or_refuse(
     """The file's entry at ``position`` is the stored one, or the import is refused.
 
     The same entry is the same content with JavaScript's numbers (``_as_js``), or, for an
-    entry redacted in the store, a tombstone of it: the store's own (``is_tombstone``) or the
-    one an export writes (type ``redacted``, the original type in ``redacted.type``).
+    entry redacted in the store, one with its id, type, parent and timestamp: as it was before
+    the redaction, the store's own tombstone (``is_tombstone``), or the one an export writes
+    (type ``redacted``, the original type in ``redacted.type``).
     """
     from store.entries import entry_hash
     from store.model.rules import is_tombstone
@@ -281,12 +282,12 @@ def _same_or_refuse(
     if entry_hash(_storable(entry)[0]) == stored_hash:
         return
     if stored_id in stored.redacted and entry.get("parentId") == parent and entry.get("timestamp") == timestamp:
+        # Redacted in the store: the file may hold the entry as it was, the store's own
+        # tombstone, or the one an export writes (typed "redacted", its type kept inside).
         marker = entry.get("redacted")
-        if is_tombstone(entry) and entry.get("type") == stored_type:
-            return  # the store's own tombstone
-        if (entry.get("type") == "redacted" and isinstance(marker, dict)
-                and marker.get("type") == stored_type):
-            return  # the tombstone an export writes: the same entry, its content hidden
+        exported = entry.get("type") == "redacted" and isinstance(marker, dict) and not is_tombstone(entry)
+        if (marker.get("type") if exported else entry.get("type")) == stored_type:
+            return
     raise ImportConflictError(
         sid, f"entry {stored_id!r}, line {line} of the file, has other content in the store"
     )
