@@ -113,7 +113,7 @@ def _write(path: Path, data: bytes) -> Path:
 
 READING = [
     ("ls",), ("info", "s1"), ("show", "s1"), ("context", "s1"), ("export", "s1"), ("export", "--all", "-o", "out"),
-    ("follow", "s1", "--timeout", "0.1"), ("verify",), ("doctor",), ("compact",), ("gc",),
+    ("follow", "s1", "--timeout", "0.1"), ("verify",), ("compact",), ("gc",),
     ("append", "s1", "-"), ("fork", "s1"), ("redact", "s1", "e1", "--reason", "r"), ("delete", "s1", "--yes"),
     ("claude-export", "s1", "-o", "out"), ("trash", "ls"),
 ]

@@ -50,10 +50,11 @@ SESSIONSTORE_KEYS (encryption at rest: file:///keyring.json or kms://KEY), SESSI
 
 
 #: The commands that may start a store in a local directory that does not exist yet (they
-#: write something new there). Every other one refuses such a directory: it reads or changes
-#: what is there, and a mistyped path must not read as a new, empty store. (``embedded`` opens
-#: no store: it looks for a server.)
-STARTS_A_STORE = ("create", "import", "claude-import", "serve", "demo", "embedded")
+#: write something new there, or, ``doctor``, check a place before a store lives there).
+#: Every other one refuses such a directory: it reads or changes what is there, and a
+#: mistyped path must not read as a new, empty store. (``embedded`` opens no store: it looks
+#: for a server.)
+STARTS_A_STORE = ("create", "import", "claude-import", "serve", "demo", "doctor", "embedded")
 
 
 class _Parser(argparse.ArgumentParser):
