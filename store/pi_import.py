@@ -296,16 +296,17 @@ def _same_or_refuse(
 def _as_js(value: dict[str, Any]) -> dict[str, Any]:
     """``value`` as a pi file holds it once exported and read back: with JavaScript's numbers.
 
-    The store keeps what an append gave it (``1.0``, ``-0.0``, ``2**64``); an export writes
-    ``JSON.stringify``'s ``1``, ``0``, ``18446744073709552000``, and the scan reads the file
-    the way ``JSON.parse`` does. So the stored side is compared as JavaScript holds it: the
-    same entry exported and imported again is the same entry, not other content.
+    The store keeps what an append gave it (``1.0``, ``-0.0``, ``2**64 - 1``); an export
+    writes ``JSON.stringify``'s ``1``, ``0``, ``18446744073709552000``, and the scan reads the
+    file the way ``JSON.parse`` does. So the stored side is compared as JavaScript holds it:
+    the same entry exported and imported again is the same entry, not other content. The copy
+    is made by orjson (a stored value always encodes), then normalised in place.
     """
-    from store.model.js_json import normalize_js_value
+    from store.model.js_json import decode_json, normalize_in_place
 
     try:
-        return normalize_js_value(value)  # type: ignore[no-any-return]
-    except InvalidEntryError:
+        return normalize_in_place(decode_json(encode_json(value)))  # type: ignore[no-any-return]
+    except (orjson.JSONEncodeError, ValueError):  # Unholdable is a ValueError
         return value  # nothing JS could hold: compared as it is (and so differs)
 
 
