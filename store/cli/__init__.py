@@ -295,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return Exit.USAGE
     _log_to_stderr()
+    _OneLine.config = None  # this command's, once resolved (main may run several in a process)
     ctx: commands.Ctx | None = None
     try:
         config = resolve_config(args.objects, args.redis, args.redis_prefix, args.allow_unsafe_backend)
