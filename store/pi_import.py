@@ -9,11 +9,15 @@ A pi file names its session in its header. What an import does with that id
   - its entries are the file's first entries, in order, with the same content: the rest of
     the file is appended (pi kept writing the file since the last import). A file holding
     no more than the session (the same file again, or the session grew in the store since)
-    changes nothing. A redacted entry counts as the same entry.
+    changes nothing. Entries are compared as the file holds them, with JavaScript's numbers
+    (a stored ``1.0`` is the ``1`` its export wrote); a redacted entry counts as the same
+    entry, whether the file holds it as it was or as a tombstone. A fork is compared with its
+    export: the path it inherits, then its own entries. So exporting a session and importing
+    the file again changes nothing.
   - anything else (an entry of another content or in another place): refused with
     :class:`ImportConflictError`, **nothing written**. Two different files that share a
     header id never merge into one session with several roots.
-- **The session exists with another header** (or is a fork): refused the same way.
+- **The session exists with another header**: refused the same way.
 
 ``on_conflict="new-id"`` imports a refused file under the first free id of
 ``<id>-2``, ``<id>-3``, ... instead (one that holds a prefix of the file counts as its own,
