@@ -23,15 +23,15 @@ from store.cli.retention import add_retention_commands
 from store.cli.serve import add_serve_arguments
 from store.cli.common import (
     ENV_DEBUG,
-    Config,
-    CliError,
-    name_the_bucket,
     ENV_OBJECTS,
     ENV_PREFIX,
     ENV_REDIS,
+    CliError,
+    Config,
     Exit,
     classify,
     err,
+    name_the_bucket,
     require_existing_store,
     resolve_config,
 )
@@ -74,8 +74,8 @@ def _add_global(parser: argparse.ArgumentParser, *, sub: bool) -> None:
                    help=f"object store: s3://bucket/prefix?endpoint=..., file:///dir or a directory "
                         f"(env {ENV_OBJECTS}; default ./.sessionstore)")
     g.add_argument("--redis", metavar="URL", default=d,
-                   help=f"redis://host:6379/0, rediss://... or unix:///path/redis.sock?db=0 (env {ENV_REDIS}; default: an embedded "
-                        "redis-server beside a local directory)")
+                   help=f"redis://host:6379/0, rediss://... or unix:///path/redis.sock?db=0 (env {ENV_REDIS}; "
+                        "default: an embedded redis-server beside a local directory)")
     g.add_argument("--redis-prefix", metavar="PREFIX", default=d,
                    help=f"Redis key prefix (env {ENV_PREFIX}; default ss)")
     g.add_argument("--allow-unsafe-backend", action="store_true", default=d if sub else False,

@@ -19,7 +19,6 @@ from urllib.parse import urlparse
 
 import orjson
 
-from store.retry import RetryPolicy
 from store.errors import (
     BackendError,
     BackendRefusedError,
@@ -37,6 +36,7 @@ from store.errors import (
     SessionStoreError,
     WriteRefusedError,
 )
+from store.retry import RetryPolicy
 
 #: Where the embedded default keeps its objects and its Redis, relative to the working dir.
 DEFAULT_DIR = ".sessionstore"
