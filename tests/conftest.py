@@ -572,3 +572,35 @@ def _cluster_port() -> int:
 
 # Fixtures that build SessionStores on these servers.
 from store_fixtures import make_store, store  # noqa: E402,F401
+
+
+# --- embedded servers -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_embedded_server_outlives_the_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """An embedded redis-server keeps running after the command that started it, by design
+    (store/embedded.py): the tests that open stores in their temporary directories would leave
+    theirs behind. At the end of the session (of each worker), every redis-server whose working
+    directory lies under this session's temporary directory is stopped."""
+    yield
+    if not os.path.isdir("/proc"):
+        return
+    import signal
+
+    base = str(tmp_path_factory.getbasetemp())
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                if b"redis-server" not in fh.read():
+                    continue
+            cwd = os.readlink(f"/proc/{name}/cwd")
+        except OSError:
+            continue
+        if cwd == base or cwd.startswith(base + os.sep):
+            try:
+                os.kill(int(name), signal.SIGKILL)
+            except OSError:
+                pass
