@@ -254,23 +254,30 @@ def test_altered_segment_fails_its_checksum(store: SessionStore) -> None:
     assert err.value.key == key and "checksum" in err.value.reason
 
 
-def test_segment_redis_never_heard_of_is_read_and_rolled_forward(make_store: Callable[..., SessionStore]) -> None:
-    class Crash(Exception):
-        pass
+class Crash(Exception):
+    pass
+
+
+def _a_then_b_left_uncommitted(make_store: Callable[..., SessionStore], sid: str) -> SessionStore:
+    """Session ``sid`` holds a (committed) and b, whose writer died after its PUT and before
+    its COMMIT: Redis says seq 1, the object store holds seq 2. A healthy store on it."""
 
     def crash_after_put(point: str, ctx: dict[str, Any]) -> None:
-        # After the PUT and before COMMIT.
         if point == "append.after_put":
             raise Crash()
 
     crashing = make_store(fault_hook=crash_after_put)
     healthy = make_store()
-    crashing.create_session("rf")
-    healthy.append_session_entries("rf", [entry("a", None)])
+    crashing.create_session(sid)
+    healthy.append_session_entries(sid, [entry("a", None)])
     with pytest.raises(Crash):
-        crashing.append_session_entries("rf", [entry("b", "a")])
-    # Redis still says seq 1; the object store holds seq 2.
-    assert healthy.coord.tail("rf").seq == 1  # type: ignore[union-attr]
+        crashing.append_session_entries(sid, [entry("b", "a")])
+    assert healthy.coord.tail(sid).seq == 1  # type: ignore[union-attr]
+    return healthy
+
+
+def test_segment_redis_never_heard_of_is_read_and_rolled_forward(make_store: Callable[..., SessionStore]) -> None:
+    healthy = _a_then_b_left_uncommitted(make_store, "rf")
     assert [e["id"] for e in healthy.load_session_entries("rf")] == ["a", "b"]
     tail = healthy.get_tail("rf")
     assert (tail.seq, tail.last_entry_id) == (2, "b")
@@ -286,20 +293,7 @@ def test_an_expected_tail_redis_never_heard_of_is_rolled_forward_not_refused(
     and appends after it. The conflict CHECK answers is Redis lagging, not another writer:
     the append rolls the segment forward and lands, here and at every later attempt (before,
     each attempt conflicted until something else probed the tail)."""
-
-    class Crash(Exception):
-        pass
-
-    def crash_after_put(point: str, ctx: dict[str, Any]) -> None:
-        if point == "append.after_put":
-            raise Crash()
-
-    crashing = make_store(fault_hook=crash_after_put)
-    healthy = make_store()
-    crashing.create_session("lag")
-    healthy.append_session_entries("lag", [entry("a", None)])
-    with pytest.raises(Crash):
-        crashing.append_session_entries("lag", [entry("b", "a")])
+    healthy = _a_then_b_left_uncommitted(make_store, "lag")
     assert [e["id"] for e in healthy.load_session_entries("lag")] == ["a", "b"]
     assert healthy.coord.tail("lag").seq == 1  # type: ignore[union-attr]
     r = healthy.append_session_entries("lag", [entry("c", "b")], "b")
