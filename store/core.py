@@ -750,8 +750,10 @@ class SessionStore:
     # --- for the compactor and tools ---------------------------------------------------------
 
     def iter_segment_keys(self, sid: str, inc: str) -> Iterator[str]:
-        for info in self.objects.list(self.layout.segment_prefix(sid, inc)):
-            yield info.key
+        # Listed whole under the retry policy: a transient failure on a later page (an S3 500)
+        # starts the listing over instead of reaching the caller halfway.
+        prefix = self.layout.segment_prefix(sid, inc)
+        yield from self.options.retry.call(lambda: [info.key for info in self.objects.list(prefix)])
 
 
 __all__ = ["SessionData", "SessionHandle", "SessionStore", "uuid7"]

@@ -405,3 +405,21 @@ def test_claim_of_a_writer_that_died_before_its_put_expires(make_store: Callable
     assert live.append_session_entries("cl", [entry("c", "a")]).seq == 2
     assert seg_numbers(live, "cl") == [1, 2]
     assert [e["id"] for e in live.load_session_entries("cl")] == ["a", "c"]
+
+
+def test_listing_a_sessions_segments_is_retried_like_every_other_call(
+    s3_proxy: Any, redis_url: str, redis_prefix: str
+) -> None:
+    """``iter_segment_keys`` listed without the retry policy: one transient failure (a
+    compaction soak met moto's 500 on a LIST racing GC's deletes) reached a reader as
+    ``BackendUnavailableError``. It is retried like every other backend call."""
+    store = SessionStore.from_url(s3_proxy.url, redis_url, redis_prefix=redis_prefix)
+    store.create_session("ls")
+    store.append_session_entries("ls", [entry("a", None)])
+    store.append_session_entries("ls", [entry("b", "a")])
+    inc = store.get_header("ls").incarnation
+    s3_proxy.cut_next_response()
+    keys = list(store.iter_segment_keys("ls", inc))
+    assert keys == [store.layout.segment("ls", inc, 1), store.layout.segment("ls", inc, 2)]
+    assert s3_proxy.stats()["cut_responses"] == 1
+    store.close()
