@@ -113,7 +113,7 @@ def import_pi_file(
         raise ValueError(f"on_conflict must be 'refuse' or 'new-id', not {on_conflict!r}")
     if session_id is not None:
         check_session_id(session_id)  # refuse a bad id before reading the whole file
-    with scan_pi_file(source, entry_check=_storable_check(store)) as scan:
+    with scan_pi_file(source, entry_check=storable_check(store)) as scan:
         header = scan.require_header()
         if scan.forward_parent is not None:
             line, entry_id, parent_id = scan.forward_parent
@@ -322,7 +322,7 @@ def _header_difference(stored: dict[str, Any], new: dict[str, Any]) -> str:
     return "its header differs"  # pragma: no cover
 
 
-def _storable_check(store: "SessionStore") -> Any:
+def storable_check(store: "SessionStore") -> Any:
     """Pass 1's extra check: what a batch would refuse, found before anything is written."""
     from store.entries import MAX_ID_LENGTH
 
@@ -368,7 +368,7 @@ def peek_header_id(path: Any) -> str | None:
     return None
 
 
-__all__ = ["ImportConflictError", "ImportResult", "OnConflict", "import_pi_file", "peek_header_id"]
+__all__ = ["ImportConflictError", "ImportResult", "OnConflict", "import_pi_file", "peek_header_id", "storable_check"]
 
 
 def _wide_ints_as_floats(value: Any) -> Any:

@@ -167,22 +167,21 @@ class SessionRoutes:
         """The import of a pi file as the session ``name``: its header is written first,
         with the name (as a ``PUT`` does), so that the session is listed as its tenant's and
         the import then fills it (``import_pi_session`` extends a session whose pi header is
-        the file's). A file the import refuses leaves nothing: a header this call wrote is
-        deleted again (one left by a crash in between is an empty session of that name,
-        which the same import, sent again, fills)."""
+        the file's). The file is checked whole first (pass 1, with what a batch would
+        refuse), so a refused file writes nothing. Nothing is ever deleted here: a header
+        this call wrote may already hold another import's acknowledged entries by the time a
+        paused process would delete it. A crash between the header and the import leaves an
+        empty session of that name, which the same import, sent again, fills."""
         from store.pi.scan import scan_pi_file
+        from store.pi_import import storable_check
 
-        with scan_pi_file(data) as scan:
+        with scan_pi_file(data, entry_check=storable_check(self.store)) as scan:
             pi_header = dict(scan.require_header())
         try:
             self.store.create_session(sid, pi_header=pi_header, config={"path": name})
         except SessionExistsError:
-            return self.store.import_pi_session(data, sid)
-        try:
-            return self.store.import_pi_session(data, sid)
-        except InvalidInputError:  # the file is refused (any import of it would be)
-            self.store.delete_session(sid)
-            raise
+            pass
+        return self.store.import_pi_session(data, sid)
 
     def _fork(self, sid: str, entry_id: str | None, new_name: str) -> Header:
         store = self.store
