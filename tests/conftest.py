@@ -571,7 +571,7 @@ def _cluster_port() -> int:
 
 
 # Fixtures that build SessionStores on these servers.
-from store_fixtures import make_store, store  # noqa: E402,F401
+from store_fixtures import make_store, serve, store  # noqa: E402,F401
 
 
 # --- embedded servers -------------------------------------------------------------------------

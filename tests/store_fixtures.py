@@ -28,3 +28,23 @@ def make_store(s3_url: str, redis_url: str, redis_prefix: str) -> Iterator[Calla
 @pytest.fixture
 def store(make_store: Callable[..., SessionStore]) -> SessionStore:
     return make_store()
+
+
+@pytest.fixture
+def serve(make_store: Callable[..., SessionStore]) -> Iterator[Callable[..., tuple[Any, str]]]:
+    """``serve(store_options=None, **service_options)`` -> (service, base url): a
+    ``StreamService`` on a store of the test's servers, behind uvicorn; all stopped after."""
+    from harness.asgi_server import AsgiServer
+    from store.http.app import StreamService
+
+    servers: list[AsgiServer] = []
+
+    def make(store_options: dict[str, Any] | None = None, **options: Any) -> tuple[StreamService, str]:
+        service = StreamService(make_store(**(store_options or {})), **options)
+        server = AsgiServer(service.app).start()
+        servers.append(server)
+        return service, server.url
+
+    yield make
+    for server in servers:
+        server.stop()

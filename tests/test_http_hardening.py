@@ -21,12 +21,10 @@ from typing import Any
 
 import httpx
 import pytest
-from harness.asgi_server import AsgiServer
 from harness.serve_process import cli, server_env
 
 from store import SessionStore
 from store.errors import InvalidInputError
-from store.http.app import StreamService
 from store.http.auth import Tokens
 from store.streams import stream_session_id
 
@@ -38,22 +36,6 @@ TOKENS = Tokens.parse_env(f"acme:{ACME_TOKEN},beta:{BETA_TOKEN},*:{OPS_TOKEN}")
 ACME = {"authorization": f"Bearer {ACME_TOKEN}"}
 BETA = {"authorization": f"Bearer {BETA_TOKEN}"}
 JSON = {"content-type": "application/json"}
-
-
-@pytest.fixture
-def serve(make_store: Callable[..., SessionStore]) -> Iterator[Callable[..., tuple[StreamService, str]]]:
-    """``serve(**service_options)`` -> (service, base url): a StreamService behind uvicorn."""
-    servers: list[AsgiServer] = []
-
-    def make(**options: Any) -> tuple[StreamService, str]:
-        service = StreamService(make_store(), **options)
-        server = AsgiServer(service.app).start()
-        servers.append(server)
-        return service, server.url
-
-    yield make
-    for server in servers:
-        server.stop()
 
 
 def _free_port() -> int:

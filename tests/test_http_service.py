@@ -13,35 +13,16 @@ from typing import Any
 
 import httpx
 import pytest
-from harness.asgi_server import AsgiServer
 from harness.pausing import FakeClock, InThread, Pause
 
 from compactor import Compactor, CompactorOptions
 from store import SessionStore
-from store.http.app import StreamService
 from store.http.auth import Tokens
 from store.streams import Offset, stream_session_id
 
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = "/v1/stream/"
-
-
-@pytest.fixture
-def serve(make_store: Callable[..., SessionStore]) -> Iterator[Callable[..., tuple[StreamService, str]]]:
-    """``serve(**service_options)`` -> (service, base url): a StreamService on a store of its
-    own (sharing only S3 and Redis with the others), behind uvicorn on a free port."""
-    servers: list[AsgiServer] = []
-
-    def make(store_options: dict[str, Any] | None = None, **options: Any) -> tuple[StreamService, str]:
-        service = StreamService(make_store(**(store_options or {})), **options)
-        server = AsgiServer(service.app).start()
-        servers.append(server)
-        return service, server.url
-
-    yield make
-    for server in servers:
-        server.stop()
 
 
 def read_all(client: httpx.Client, url: str, offset: str = "-1") -> tuple[bytes, str]:
