@@ -106,6 +106,18 @@ def shard_of(session_id: str) -> str:
     return digest[:SHARD_WIDTH]
 
 
+def stream_session_id(name: str, key: bytes | None = None) -> str:
+    """The session id a stream named ``name`` is kept under: the name itself when it is a
+    valid session id (so every session is a stream of the same name), else ``ds.`` and a
+    128-bit blake2b of it, keyed with the store's ``key`` (``Layout.stream_key``) so that
+    nobody without the store's record can tell which name an id stands for. Stores recorded
+    before the key existed keep the unkeyed hash (``key=None``) for ever."""
+    if is_session_id(name):
+        return name
+    data = name.encode("utf-8", "surrogatepass")
+    return "ds." + hashlib.blake2b(data, digest_size=16, key=key or b"").hexdigest()
+
+
 def check_layout(version: object) -> int:
     if isinstance(version, bool) or not isinstance(version, int) or version not in LAYOUTS:
         raise InvalidInputError(f"layout must be one of {LAYOUTS}, not {version!r}")
@@ -157,10 +169,16 @@ class Layout:
     with neither knows only the names outside ``sessions/`` (``probe_prefix``)."""
 
     def __init__(
-        self, prefix: str = "", version: int | None = None, *, decide: Callable[[], int] | None = None
+        self,
+        prefix: str = "",
+        version: int | None = None,
+        *,
+        decide: Callable[[], tuple[int, bytes | None]] | None = None,
+        stream_key: bytes | None = None,
     ) -> None:
         self.prefix = _with_slash(prefix)
         self._version = None if version is None else check_layout(version)
+        self._stream_key = stream_key
         self._decide = decide
         self._lock = threading.Lock()
 
@@ -174,9 +192,23 @@ class Layout:
                         raise RuntimeError("this Layout has no version: pass one, or decide=")
                     # A failure (the object store unreachable) leaves it undecided: the next
                     # key asked for tries again, and fails as the request itself would.
-                    self._version = check_layout(self._decide())
+                    decided, key = self._decide()
+                    self._stream_key = key
+                    self._version = check_layout(decided)
                 version = self._version
         return version
+
+    @property
+    def stream_key(self) -> bytes | None:
+        """The store's stream id key (its layout record's ``stream_key``): None for stores
+        recorded before it existed, and for a layout given rather than recorded."""
+        self.version  # decided with the version, from the same record
+        return self._stream_key
+
+    def stream_id(self, name: str) -> str:
+        """The session id the stream or session named ``name`` is kept under
+        (:func:`stream_session_id` with this store's key)."""
+        return stream_session_id(name, self.stream_key)
 
     @property
     def decided(self) -> bool:

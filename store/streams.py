@@ -199,14 +199,6 @@ def media_type(content_type: str) -> str:
     return content_type.split(";", 1)[0].strip().lower()
 
 
-def stream_session_id(path: str) -> str:
-    """The session id a stream path is kept under: the path itself when it is a valid
-    session id (so every session is a stream of the same name), else a hash of it."""
-    if SESSION_ID_RE.match(path) and ".." not in path:
-        return path
-    return "ds." + hashlib.blake2b(path.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-
-
 @dataclass(frozen=True, slots=True)
 class StreamConfig:
     """A stream's settings, fixed at creation (kept in the header's ``config``)."""
@@ -487,7 +479,7 @@ class Streams:
         still read it). A fork (``fork_from``) reads its source up to ``fork_offset`` (default:
         the source's tail), then the first ``fork_sub`` bytes (JSON: values) of the source's
         next append, copied, then its own appends; nothing else is copied."""
-        sid = stream_session_id(path)
+        sid = self.store.layout.stream_id(path)
         if kind == PI_KIND:
             return self._create_session(sid, path, msgs, cwd, content_type, fork_from, ttl_s, expires_at_ms, close)
         if kind != STREAM_KIND:
@@ -682,7 +674,7 @@ class Streams:
         access for a sliding TTL. ``probe=False`` (writers): trust a Redis tail that matches
         the cached state without looking for a segment Redis has not heard of; the append's
         compare-and-set finds such a segment anyway."""
-        sid = stream_session_id(path)
+        sid = self.store.layout.stream_id(path)
         header, tail = self._header_and_tail(sid, path)
         st = self._refreshed(header, refresh, tail=tail, probe=probe)
         if st.deleted:
@@ -812,7 +804,7 @@ class Streams:
 
     def header_of(self, path: str) -> Header:
         """The header of the stream or session named ``path`` (``StreamNotFoundError``)."""
-        return self._header(stream_session_id(path), path)
+        return self._header(self.store.layout.stream_id(path), path)
 
     def _header(self, sid: str, path: str) -> Header:
         return self._header_and_tail(sid, path)[0]
@@ -942,7 +934,7 @@ class Streams:
         against the tail the append is then conditioned on, so they hold at the commit.
         ``if_match``: append only if the tail is this offset (a session: this entry id, ``""``
         for none); ``TailMismatchError`` with the actual one otherwise."""
-        sid = stream_session_id(path)
+        sid = self.store.layout.stream_id(path)
         if producer is None and stream_seq is None and not close and if_match is None and msgs:
             fast = self._plain_append(path, sid, msgs, content_type)
             if fast is not None:
@@ -1451,5 +1443,4 @@ __all__ = [
     "StreamSeqConflictError",
     "TailMismatchError",
     "Streams",
-    "stream_session_id",
 ]

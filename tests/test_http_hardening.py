@@ -26,7 +26,6 @@ from harness.serve_process import cli, server_env
 from store import SessionStore
 from store.errors import InvalidInputError
 from store.http.auth import Tokens
-from store.streams import stream_session_id
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -228,7 +227,7 @@ def test_a_tenants_listing_cursor_reveals_nothing_of_other_tenants(serve) -> Non
         plain = [service.store.create_session(cwd="/w").session_id for _ in range(5)]  # Python API, no tenant
         for limit, (names, cursors) in alone.items():
             assert _walk(c, url, ACME, limit) == (names, cursors), limit
-        secrets = [stream_session_id(n) for n in foreign] + foreign + plain
+        secrets = [service.store.layout.stream_id(n) for n in foreign] + foreign + plain
         every_cursor = [cur for limit in (1, 2, 3, 7) for cur in _walk(c, url, ACME, limit)[1]]
         every_cursor += _walk(c, url, BETA, 2)[1]
         for cursor in every_cursor:

@@ -18,7 +18,7 @@ from harness.pausing import FakeClock, InThread, Pause
 from compactor import Compactor, CompactorOptions
 from store import SessionStore
 from store.http.auth import Tokens
-from store.streams import Offset, stream_session_id
+from store.streams import Offset
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -301,7 +301,7 @@ def test_producer_paused_past_compaction_grace_is_fenced_and_nothing_it_sent_sho
     slot it is about to fill: when it carries on, its segment is refused as a zombie, its
     checks run again against the new tail, and the client gets 403 with the current epoch."""
     path = ROOT + "fenced"
-    sid = stream_session_id("fenced")
+    sid = "fenced"  # a name that is a session id is its own stream id
     pause = Pause("append.before_put", when=lambda ctx: ctx.get("session_id") == sid and ctx.get("seq") == 3)
     zombie_service, z = serve(store_options={"fault_hook": pause})
     _, b = serve()
@@ -528,7 +528,8 @@ def test_two_processes_four_clients_on_one_session_the_history_checker_is_clean(
                     parent = (tail or None) if if_match else mine
                     batch = [_entry(ids[0], parent), _entry(ids[1], ids[0])]
                     headers = {**js, "if-match": f'"{tail}"'} if if_match else js
-                    op = Op(stream_session_id(name), ids, tail if if_match else None, "ok")
+                    op = Op(name, ids,  # a session id: its own stream id
+                             tail if if_match else None, "ok")
                     r = c.post(server + ROOT + name, content=json.dumps(batch), headers=headers)
                     if r.status_code == 204:
                         op.seq = Offset.parse(r.headers["stream-next-offset"]).vseq

@@ -80,7 +80,8 @@ def test_the_shard_is_fixed_by_the_format_not_by_the_process() -> None:
 
 def test_a_new_store_records_the_spread_layout_and_its_sessions_spread(store: SessionStore) -> None:
     assert store.layout.version == LAYOUT_SPREAD
-    assert record_of(store) == json.loads(record_body(LAYOUT_SPREAD))
+    assert store.layout.stream_key is not None and len(store.layout.stream_key) == 32
+    assert record_of(store) == json.loads(record_body(LAYOUT_SPREAD, store.layout.stream_key))
     sids = [store.create_session().session_id for _ in range(200)]  # UUIDv7: time-ordered
     assert sids == sorted(sids)
     names = list(store.objects.list_dirs(store.layout.sessions_prefix))
@@ -133,6 +134,7 @@ def test_a_flat_store_stays_flat_for_reads_writes_listing_compaction_and_gc(
     new = make_store()  # default options: the store's own layout
     assert new.layout.version == LAYOUT_FLAT
     assert record_of(new) == json.loads(record_body(LAYOUT_FLAT))  # recorded: decided for good
+    assert new.layout.stream_key is None  # it held sessions: its stream ids stay unkeyed
     assert view(new, "o1") == before
     fill(new, "o1", 2, tag="more")
     new.create_session("o4")
@@ -177,6 +179,58 @@ def test_a_record_that_is_not_one_is_a_typed_error(make_store: Callable[..., Ses
     first.objects.put_if_absent(first.layout.record, b'{"layout": 9}\n')
     with pytest.raises(CorruptObjectError):
         make_store()
+
+
+def test_a_stream_key_that_is_not_one_is_a_typed_error(make_store: Callable[..., SessionStore]) -> None:
+    first = make_store(layout=LAYOUT_FLAT)
+    first.objects.put_if_absent(first.layout.record, b'{"layout": 2, "stream_key": "abc"}\n')
+    with pytest.raises(CorruptObjectError, match="stream_key"):
+        make_store()
+
+
+# --- stream ids ------------------------------------------------------------------------------
+
+
+def test_a_new_store_keys_its_stream_ids_and_every_process_uses_the_same_key(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """A name that is not a session id (every tenant's: ``tenant/name``) is kept under a
+    blake2b keyed with the store's record's key: the id a client may see says nothing to
+    someone without the record, and a second process finds the stream under the same id."""
+    from store.layout import stream_session_id
+    from store.streams import START, Streams
+
+    first, second = make_store(), make_store()
+    key = first.layout.stream_key
+    assert key is not None and second.layout.stream_key == key
+    Streams(first).create("acme/notes", content_type="application/json", msgs=[{"n": 1}])
+    sid = first.layout.stream_id("acme/notes")
+    assert sid == stream_session_id("acme/notes", key) and sid.startswith("ds.")
+    assert sid != stream_session_id("acme/notes")  # not the hash anyone can compute
+    assert sid != stream_session_id("acme/notes", bytes(32))
+    first.get_header(sid)
+    assert Streams(second).read("acme/notes", START).messages == [{"n": 1}]
+    # A name that is a session id is its own id, keyed or not (every session is a stream).
+    assert first.layout.stream_id("plain-name") == "plain-name"
+
+
+def test_a_store_recorded_before_keys_keeps_its_unkeyed_stream_ids(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """A record without ``stream_key`` (every store recorded before keys existed) means
+    the unkeyed hash for ever: its streams stay where they were written. A store that held
+    sessions when its record was created gets no key either."""
+    from store.layout import stream_session_id
+    from store.streams import START, Streams
+
+    old = make_store(layout=LAYOUT_SPREAD)  # a forced layout: unkeyed, no record
+    assert old.layout.stream_key is None
+    Streams(old).create("acme/old", content_type="application/json", msgs=["kept"])
+    assert old.layout.stream_id("acme/old") == stream_session_id("acme/old")
+    reopened = make_store()  # records the layout of the directory it finds, without a key
+    assert reopened.layout.version == LAYOUT_SPREAD and reopened.layout.stream_key is None
+    assert record_of(reopened) == json.loads(record_body(LAYOUT_SPREAD))
+    assert Streams(reopened).read("acme/old", START).messages == ["kept"]
 
 
 # --- listing and the sweep walk the shards ---------------------------------------------------

@@ -245,7 +245,7 @@ def _p50_p99(s: dict[str, float]) -> str:
 
 def _read(ctx: Context, streams: Any, clients: dict[str, Any], ref_status: str) -> dict[str, Any]:
     from benchmarks.scenarios import compaction
-    from store.streams import START, stream_session_id
+    from store.streams import START
 
     p = ctx.params
     n, batch = p.http_read_messages, p.http_read_batch
@@ -292,7 +292,7 @@ def _read(ctx: Context, streams: Any, clients: dict[str, Any], ref_status: str) 
     if api.available and api.compact is not None:
         # The same stream after the compactor merged its segments: the reads the store does
         # are one base object instead of one segment each, so what HTTP adds shows more.
-        api.compact(streams.store, stream_session_id(name))
+        api.compact(streams.store, streams.store.layout.stream_id(name))
         details["compacted"] = _read_phases(ctx, "compacted", readers, values, len(batches), ref_status)
     else:
         ctx.results.notes.append(f"http: compacted read not measured: {api.reason}")

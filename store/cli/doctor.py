@@ -123,8 +123,9 @@ def _object_checks(checks: list[Check], objects: ObjectStore, layout: Layout) ->
         names = {LAYOUT_FLAT: "flat (sessions/<id>/)", LAYOUT_SPREAD: "spread (sessions/<h>=<id>/)"}
         recorded = read_record(objects, layout.prefix, DEFAULT_RETRY)
         if recorded is not None:
-            return "ok", f"{names[recorded]}, recorded in {layout.record}"
-        proposed = propose(objects, layout.prefix, DEFAULT_RETRY)
+            keyed = "keyed stream ids" if recorded[1] is not None else "unkeyed stream ids"
+            return "ok", f"{names[recorded[0]]}, {keyed}, recorded in {layout.record}"
+        proposed, _ = propose(objects, layout.prefix, DEFAULT_RETRY)
         return "ok", f"no layout record yet: the first store to open it records {names[proposed]}"
 
     _run(checks, "objects: layout", layout_check)

@@ -72,7 +72,6 @@ from store.streams import (
     TailMismatchError,
     is_json_type,
     media_type,
-    stream_session_id,
 )
 
 log = logging.getLogger("sessionstore.http")
@@ -386,7 +385,7 @@ class StreamService:
             headers["Producer-Epoch"] = str(outcome.producer[0])
             headers["Producer-Seq"] = str(outcome.producer[1])
         if not outcome.duplicate:
-            self.notifier.notify(stream_session_id(path))
+            self.notifier.notify(self.streams.store.layout.stream_id(path))
         status = 200 if producer is not None and not outcome.duplicate and msgs else 204
         return Response(status_code=status, headers=headers)
 
@@ -430,7 +429,7 @@ class StreamService:
         return Response(_body_of(info, res.batches), status_code=200, headers=headers)
 
     async def _long_poll(self, request: Request, path: str, offset: Offset | None) -> Response:
-        sid = stream_session_id(path)
+        sid = self.streams.store.layout.stream_id(path)
         cursor = _cursor(request.query_params.get("cursor"))
         deadline = time.monotonic() + self.long_poll_s
         ev = self.notifier.watch(sid)
@@ -462,7 +461,7 @@ class StreamService:
             self.notifier.unwatch(sid, ev)
 
     async def _sse(self, request: Request, path: str, offset: Offset | None) -> Response:
-        sid = stream_session_id(path)
+        sid = self.streams.store.layout.stream_id(path)
         # Fail before the 200 if the stream is missing.
         info: StreamInfo = await self._run(self.streams.info, path)
         cursor = _cursor(request.query_params.get("cursor"))
@@ -530,7 +529,7 @@ class StreamService:
 
     async def delete(self, request: Request, path: str) -> Response:
         await self._run(self.streams.delete, path)
-        self.notifier.notify(stream_session_id(path))
+        self.notifier.notify(self.streams.store.layout.stream_id(path))
         return Response(status_code=204)
 
     # --- helpers ------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from store.http.auth import ALL_TENANTS
 from store.layout import check_session_id
 from store.listing import MAX_PAGE as STORE_PAGE
 from store.listing import SessionFilter
-from store.streams import PI_KIND, StreamNotFoundError, stream_session_id
+from store.streams import PI_KIND, StreamNotFoundError
 
 if TYPE_CHECKING:
     from store.http.app import StreamService
@@ -155,7 +155,7 @@ class SessionRoutes:
         raise _not_found(rest)
 
     def _session_id(self, name: str, creating: bool) -> str:
-        sid = stream_session_id(name)
+        sid = self.store.layout.stream_id(name)
         if creating:
             return sid
         header = self.service.streams.header_of(name)
@@ -189,7 +189,7 @@ class SessionRoutes:
             entry_id = store.load_session(sid).leaf_id
             if entry_id is None:
                 raise InvalidInputError("the session has no entry to fork from")
-        handle = store.branch_from_entry(sid, entry_id, stream_session_id(new_name), config={"path": new_name})
+        handle = store.branch_from_entry(sid, entry_id, store.layout.stream_id(new_name), config={"path": new_name})
         return handle.header
 
 

@@ -27,6 +27,7 @@ Every time is ``time.monotonic()``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -64,7 +65,7 @@ def _serve_main(argv: Sequence[str]) -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--long-poll-timeout", type=float, default=1.0)
     ap.add_argument("--die-at", default="", help="a fault point of the append")
-    ap.add_argument("--die-in", default="", help="only in this session's appends")
+    ap.add_argument("--die-in", default="", help="only in this stream's (or session's) appends")
     ap.add_argument("--stopped-file", default="", help="written when it stops at the point")
     args = ap.parse_args(argv)
 
@@ -81,7 +82,7 @@ def _serve_main(argv: Sequence[str]) -> None:
     def die(point: str, ctx: dict[str, Any]) -> None:
         """Stop here (only this request: the others go on), say so, and wait for the SIGKILL;
         die by itself if none comes."""
-        if point != args.die_at or (args.die_in and ctx.get("session_id") != args.die_in):
+        if point != args.die_at or (args.die_in and ctx.get("session_id") != die_in_sid):
             return
         if not reached.acquire(blocking=False):
             return
@@ -91,6 +92,8 @@ def _serve_main(argv: Sequence[str]) -> None:
 
     store = SessionStore.from_url(args.objects, args.redis, redis_prefix=args.redis_prefix,
                                   fault_hook=die if args.die_at else None)
+    # The session the stream is kept under (keyed by the store's record).
+    die_in_sid = store.layout.stream_id(args.die_in) if args.die_in else ""
     service = StreamService(store, long_poll_s=args.long_poll_timeout)
     logging.basicConfig(level=logging.WARNING)
     # The uvicorn configuration of ``sessionstore serve`` (store/cli/serve.py), default limits.
@@ -101,10 +104,10 @@ def _serve_main(argv: Sequence[str]) -> None:
 @dataclass(frozen=True)
 class Arm:
     """Where a life of a process stops to be killed: a fault point of the appends to one
-    session (a stream is a session: ``stream_session_id(name)``), named ``label`` in reports."""
+    stream or session (by its name), named ``label`` in reports."""
 
     point: str
-    session_id: str
+    stream: str
     label: str
 
 
@@ -147,7 +150,7 @@ class ServeSlot:
                    "--redis-prefix", self._args["redis_prefix"], "--port", str(self.port),
                    "--long-poll-timeout", self._args.get("long_poll_timeout", "1")]
         if arm is not None:
-            command += ["--die-at", arm.point, "--die-in", arm.session_id, "--stopped-file", str(self.stopped_file)]
+            command += ["--die-at", arm.point, "--die-in", arm.stream, "--stopped-file", str(self.stopped_file)]
         deadline = time.monotonic() + timeout
         while True:
             with open(self._log_dir / f"{self.name}.{self.lives}.log", "wb") as log:
@@ -331,22 +334,10 @@ class Workload:
         self._threads: list[threading.Thread] = []
         self._follower_thread = threading.Thread()
 
-    @property
-    def lone_sid(self) -> str:
-        from store.streams import stream_session_id
-
-        return stream_session_id(self.lone)
-
-    @property
-    def session_sid(self) -> str:
-        from store.streams import stream_session_id
-
-        return stream_session_id(self.session)
-
     def arms(self, points: Sequence[str] = APPEND_POINTS) -> list[Arm]:
         """Each point in the lone stream's appends, then ``append.after_put`` in the session's."""
-        return [Arm(p, self.lone_sid, f"{p.split('.')[-1]}@stream") for p in points] + [
-            Arm("append.after_put", self.session_sid, "after_put@session")]
+        return [Arm(p, self.lone, f"{p.split('.')[-1]}@stream") for p in points] + [
+            Arm("append.after_put", self.session, "after_put@session")]
 
     def read_through(self, slots: Sequence[ServeSlot]) -> None:
         """A reader's GET at the tail (``offset=now``: the stream's state, probed past Redis's
@@ -448,9 +439,9 @@ class Workload:
         import httpx
 
         from history import Op
-        from store.streams import Offset, stream_session_id
+        from store.streams import Offset
 
-        sid = stream_session_id(self.session)
+        sid = self.session  # the stream's name: judge() checks the session it is kept under
         tag = "m" if if_match else "u"
         tail, mine = "", None
         slot = self.rng.randrange(len(self.slots))
@@ -618,7 +609,8 @@ def judge(work: Workload, nemesis: Nemesis, store: Any, *, progress_within_s: fl
     if work.followed != messages:
         problems.append(f"the follower saw {len(work.followed)} messages, the stream holds {len(messages)}; "
                         f"first difference at {_first_difference(work.followed, messages)}")
-    report = check_history(store, work.session_ops)
+    sid = store.layout.stream_id(work.session)
+    report = check_history(store, [dataclasses.replace(op, session=sid) for op in work.session_ops])
     problems += [f"session: {p}" for p in report.problems + report.errors]
     if work.claude is not None:
         loaded = _claude_load(work)
