@@ -481,7 +481,7 @@ def test_seaweed_missing_binary_fails_in_ci_and_skips_locally(ci: str) -> None:
     env.update(SESSIONSTORE_WEED="/nonexistent/weed", SESSIONSTORE_TEST_S3_BACKENDS="seaweedfs", CI=ci)
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rs",
          os.path.join(tests_dir, "test_objects.py"), "-k", "TestS3ObjectStore and test_empty_object"],
         cwd=os.path.dirname(tests_dir), env=env, capture_output=True, text=True, timeout=120,
     )
