@@ -233,7 +233,7 @@ class SessionStore:
         """Create a session; its header is written exactly once (``SessionExistsError``).
 
         ``kind``/``config``: what the log holds and its settings (``"pi"``, the default, or
-        ``"stream"``: opaque messages, ``store/streams.py``). ``retention``: the session's
+        ``"stream"``: opaque messages, ``store/streams/``). ``retention``: the session's
         own TTL (``store.retention.Retention``; docs/lifecycle.md), recorded before the
         header, so a session that exists always has it."""
         sid = check_session_id(session_id if session_id is not None else uuid7())

@@ -31,6 +31,18 @@ with ``raise ... from exc`` so that the cause stays visible.
     │   └── KeyUnavailableError             no key provider, a data key shredded or never made,
     │                                       a KEK the provider does not hold or cannot use
     ├── IndeterminateError                  outcome unknown; re-sending the same batch is safe
+    ├── StreamError                         a durable-stream request refused (store/streams/)
+    │   ├── InvalidOffsetError              (also InvalidInputError) not an offset of the stream
+    │   ├── StreamNotFoundError             no such stream, or it expired
+    │   ├── StreamGoneError                 deleted (or expired) while forks still read it
+    │   ├── StreamExistsError               the name is taken by other settings or a gone stream
+    │   ├── ContentTypeMismatchError
+    │   ├── StreamClosedError               carries the tail (``next_offset``)
+    │   ├── TailMismatchError               If-Match named another tail (carries the actual one)
+    │   ├── StreamSeqConflictError          a Stream-Seq not after the last one
+    │   ├── StaleEpochError                 a fenced producer (carries the current epoch)
+    │   ├── ProducerSeqGapError             a producer seq out of order (expected, received)
+    │   └── ProducerEpochSeqError           a new producer epoch that does not start at 0
     ├── BackendError
     │   ├── BackendUnavailableError         transient: timeouts, 5xx, connection refused
     │   ├── BackendRefusedError             permanent: access denied, no such bucket, ...
@@ -44,6 +56,9 @@ with ``raise ... from exc`` so that the cause stays visible.
 A conflict, a collision and an unknown parent are never retried by the store: they are
 answers, not failures. Only ``BackendUnavailableError`` is retried, with one policy
 (``store/retry.py``).
+
+No error carries a transport's status: the HTTP service maps classes to statuses and problem
+codes in one table (``store/http/problems.py``).
 """
 
 from __future__ import annotations
@@ -321,3 +336,74 @@ class ObjectNotFoundError(ObjectStoreError, LookupError):
     def __init__(self, key: str) -> None:
         self.key = key
         super().__init__(f"object {key!r} not found")
+
+
+# --- durable streams (store/streams/) -----------------------------------------------------------
+
+
+class StreamError(SessionStoreError):
+    """A durable-stream request refused; raised as itself, a request the stream rules do not
+    allow (a session with a producer id, an unknown kind, ...). Nothing was written."""
+
+
+class InvalidOffsetError(StreamError, InvalidInputError):
+    """Not an offset of this stream (malformed, or beyond its tail)."""
+
+
+class StreamNotFoundError(StreamError, LookupError):
+    """No stream of that name (or it expired)."""
+
+
+class StreamGoneError(StreamError):
+    """The stream was deleted (or expired) while forks still read it."""
+
+
+class StreamExistsError(StreamError):
+    """The name is taken: by a stream of other settings, or one deleted while forks read it."""
+
+
+class ContentTypeMismatchError(StreamError):
+    """An append or a fork of another content type than the stream's."""
+
+
+class StreamClosedError(StreamError):
+    """An append to a closed stream; ``next_offset`` is its tail."""
+
+    def __init__(self, message: str, next_offset: str) -> None:
+        super().__init__(message)
+        self.next_offset = next_offset
+
+
+class TailMismatchError(StreamError):
+    """``If-Match`` named another tail: nothing was written. ``actual`` is the tail offset;
+    ``entry_id`` a session's actual tail entry id ("" for none, None for a stream)."""
+
+    def __init__(self, message: str, actual: str, *, entry_id: str | None = None) -> None:
+        super().__init__(message)
+        self.actual = actual
+        self.entry_id = entry_id
+
+
+class StreamSeqConflictError(StreamError):
+    """A ``Stream-Seq`` that is not after the stream's last one."""
+
+
+class StaleEpochError(StreamError):
+    """A producer epoch older than the stream's (``current_epoch``): the producer is fenced."""
+
+    def __init__(self, message: str, current_epoch: int) -> None:
+        super().__init__(message)
+        self.current_epoch = current_epoch
+
+
+class ProducerSeqGapError(StreamError):
+    """A producer seq that is not the next one (``expected``; ``received``)."""
+
+    def __init__(self, message: str, expected: int, received: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.received = received
+
+
+class ProducerEpochSeqError(StreamError):
+    """A new producer epoch whose first seq is not 0."""

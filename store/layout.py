@@ -11,10 +11,10 @@ Two layouts; a store (bucket and prefix) uses one for ever, recorded in the stor
     <prefix>sessions/<h>=<sid>/<inc>/manifest/<gen:016d>.json   compaction manifest
     <prefix>sessions/<h>=<sid>/<inc>/base/<unique>.jsonl        compacted base
     <prefix>sessions/<h>=<sid>/<inc>/keys/<ver:08d>.json        a wrapped data key (store/keys.py)
-    <prefix>streams/refs/<h>=<sid>/<inc>/<fork sid>=<token>     a fork of a stream's incarnation
+    <prefix>streams/refs/<h>=<sid>/<inc>/<fork sid>=<token>     a stream fork (stores written before one registry)
     <prefix>retention/<h>=<sid>/<inc>/<version:016d>.json       a session's retention setting
     <prefix>trash/<h>=<sid>/<inc>.<token>                       the trash index entry of one trash event
-    <prefix>forks/<h>=<sid>/<inc>/<fork sid>=<token>            a pi fork of an incarnation
+    <prefix>forks/<h>=<sid>/<inc>/<fork sid>=<token>            a fork (pi or stream) of an incarnation
 
     v1, "flat" (stores written before the layout record existed): the same without ``<h>=``.
 
@@ -273,8 +273,8 @@ class Layout:
         return f"{self.session_prefix(sid)}{inc}/{WITHDRAWN}"
 
     def stream_refs_prefix(self, sid: str, inc: str) -> str:
-        """Where the forks of a stream's incarnation register (``store/streams.py``): one
-        empty object a fork, which keeps the source's data while the fork reads it."""
+        """Where stores written before one fork registry hold stream forks' registrations:
+        read and dropped by ``store/forks.py``, never written."""
         return f"{self.prefix}streams/refs/{self.dir_name(sid)}/{inc}/"
 
     def stream_ref(self, sid: str, inc: str, fork_sid: str, token: str = "") -> str:
@@ -314,7 +314,8 @@ class Layout:
         return f"{self.trash_prefix}{self.dir_name(sid)}/{inc}"
 
     def fork_refs_prefix(self, sid: str, inc: str) -> str:
-        """Where the pi forks of an incarnation register (one empty object a fork)."""
+        """Where the forks (pi or stream) of an incarnation register (``store/forks.py``):
+        one empty object a fork, which keeps the source's data while the fork reads it."""
         return f"{self.prefix}forks/{self.dir_name(sid)}/{inc}/"
 
     def fork_ref(self, sid: str, inc: str, fork_sid: str, token: str = "") -> str:

@@ -39,6 +39,7 @@ from store.layout import Layout
 from store.manifest import Manifest
 from store.migrations import CURRENT_SCHEMA
 from store.records import ForkPoint, Header
+from store.segment_cache import SegmentCache
 from store.segments import contiguous, decode_base_object, decode_object, read_segment
 
 _MAX_READ_RESTARTS = 8
@@ -331,6 +332,10 @@ class Reader:
             seq += 1
             got = self._get_segment(sid, inc, seq, schema, ids)
 
+    def get_segment(self, sid: str, inc: str, seq: int, schema: int = CURRENT_SCHEMA) -> tuple[Entries, int] | None:
+        """One segment, decoded and verified: (entries, bytes), or None if it does not exist."""
+        return self._get_segment(sid, inc, seq, schema)
+
     def _get_segment(
         self, sid: str, inc: str, seq: int, schema: int = CURRENT_SCHEMA, ids: EntryIds | None = None
     ) -> tuple[Entries, int] | None:
@@ -395,27 +400,108 @@ class Reader:
             "segments kept disappearing while reading: a gap in the session",
         )
 
-    def read_after(self, sid: str, header: Header, last: int) -> tuple[list[tuple[int, dict[str, Any]]], int]:
-        """Entries committed after segment ``last`` as (seq, entry), and the new last seq.
+    def read_after(
+        self,
+        sid: str,
+        header: Header,
+        last: int,
+        *,
+        through: int | None = None,
+        tail: TailState | None = None,
+        cache: SegmentCache | None = None,
+    ) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+        """Entries committed after segment ``last`` as (seq, entry), and the new last seq:
+        the read a follower, a stream and an adapter make of what is new.
 
-        The same rules as a whole read: segments after the newest manifest, then, after the
-        404 that ends them, no manifest newer than the one we started from that covers the
-        404's slot (``ManifestStore.retired_since``); otherwise (or
-        when the manifest already covers segments after ``last``) a whole read, filtered.
+        ``through``: only the segments up to that one, which the caller knows exist (Redis's
+        tail or an earlier read named them): no probe past them, and the last seq returned is
+        ``through``. ``tail``: Redis's tail state when the caller has just read it (else it
+        is asked here). ``cache``: decoded segments the caller keeps (``SegmentCache``),
+        used before any GET and filled with what is read.
+
+        1. With ``through``, or when Redis's tail names this incarnation and no manifest it
+           knows of covers ``last + 1``: the segments after ``last`` (up to ``through``, or
+           Redis's tail) in one parallel round, with the probe of the slot after them beside
+           them unless ``through`` was given; the probe goes on until a 404, and that 404
+           must be the true end (``_end_is_true``: Redis's retired slot, read after it).
+        2. Without Redis: the newest manifest (one LIST), the segments after ``last`` one
+           GET at a time until the 404, then ``ManifestStore.retired_since``.
+        3. A segment that answers 404 (compacted and collected meanwhile), an end that may
+           have been a retired slot, or a manifest past ``last``: a whole read, filtered.
         """
         ctx = self.ctx
         inc = header.incarnation
-        manifest = ctx.manifests.latest(sid, inc)
-        if manifest is None or manifest.through_seq <= last:
-            out: list[tuple[int, dict[str, Any]]] = []
-            seq = last
-            for seq, (seg_entries, _size) in self._segments_from(sid, inc, header.schema, last + 1):
-                out.extend((seq, entry) for entry in seg_entries)
-            if not ctx.manifests.retired_since(sid, inc, manifest, seq + 1):
-                return out, seq
+        if through is not None and through <= last:
+            return [], last
+        if cache is not None and through is not None:
+            kept = cache.run(sid, inc, last + 1, through)
+            if kept is not None:
+                return [(s, e) for s, seg in enumerate(kept, start=last + 1) for e in seg], through
+        hint = tail if tail is not None else self._tail(sid)
+        if hint is not None and hint.inc != inc:
+            hint = None
+        if hint is not None or through is not None:
+            if hint is None or hint.cseq <= last:
+                end = through if through is not None else max(last, hint.seq if hint else last)
+                got = self._segments_after(sid, header, last, end, probe=through is None,
+                                           redis_ok=hint is not None, cache=cache)
+                if got is not None:
+                    return got
+        else:
+            manifest = ctx.manifests.latest(sid, inc)
+            if manifest is None or manifest.through_seq <= last:
+                out: list[tuple[int, dict[str, Any]]] = []
+                seq = last
+                for seq, (seg_entries, _size) in self._segments_from(sid, inc, header.schema, last + 1):
+                    out.extend((seq, entry) for entry in seg_entries)
+                if not ctx.manifests.retired_since(sid, inc, manifest, seq + 1):
+                    return out, seq
         data = self.read(sid, header, use_hint=True)
-        fresh = [(s, e) for e, s in zip(data.entries, data.seqs) if s > last]
-        return fresh, max(last, data.seq)
+        newest = data.seq if through is None else min(data.seq, through)
+        fresh = [(s, e) for e, s in zip(data.entries, data.seqs) if last < s <= newest]
+        if cache is not None and data.header.incarnation == inc:
+            cache.add_read(sid, inc, data.entries, data.seqs, newest)
+        return fresh, max(last, newest)
+
+    def _segments_after(
+        self, sid: str, header: Header, last: int, end: int, *, probe: bool, redis_ok: bool,
+        cache: SegmentCache | None,
+    ) -> tuple[list[tuple[int, dict[str, Any]]], int] | None:
+        """Segments ``last+1..end`` (the cache's, else one parallel round of GETs) and, with
+        ``probe``, every segment after them until a 404 that is the true end; None when one
+        of them is gone or the end may have been retired (the caller reads whole)."""
+        ctx, inc, schema = self.ctx, header.incarnation, header.schema
+        seqs = range(last + 1, end + 1)
+        kept = cache.run(sid, inc, last + 1, end) if cache is not None and seqs else None
+        probing = ctx.pool.submit(self._get_segment, sid, inc, end + 1, schema) if probe else None
+        got: list[tuple[Entries, int] | None]
+        if kept is not None:
+            got = [(seg, 0) for seg in kept]
+        elif len(seqs) == 1:
+            got = [self._get_segment(sid, inc, seqs[0], schema)]
+        else:
+            got = list(ctx.pool.map(lambda s: self._get_segment(sid, inc, s, schema), seqs))
+        if any(g is None for g in got):
+            if probing is not None:
+                _drain((), probing)
+            return None
+        out: list[tuple[int, dict[str, Any]]] = []
+        for s, g in zip(seqs, got):
+            assert g is not None
+            out.extend((s, e) for e in g[0])
+            if cache is not None and kept is None:
+                cache.add(sid, inc, s, g[0], g[1])
+        seq = end
+        if probing is None:
+            return out, seq
+        for seq, (seg_entries, size) in self._segments_from(sid, inc, schema, end + 1, probing.result()):
+            out.extend((seq, e) for e in seg_entries)
+            if cache is not None:
+                cache.add(sid, inc, seq, seg_entries, size)
+        ctx.fault("read.before_manifest_check", session_id=sid)
+        if not self._end_is_true(sid, inc, None, seq + 1, redis_ok=redis_ok):
+            return None
+        return out, seq
 
     def fork_path(self, fork: ForkPoint) -> Entries:
         """The source's path root..fork point (which is immutable once written)."""

@@ -71,7 +71,7 @@ class Header:
     fork: ForkPoint | None = None
     schema: int = HEADER_SCHEMA
     #: What the log holds: ``"pi"`` (pi's entries, the session model on top) or ``"stream"``
-    #: (opaque messages; ``store/streams.py``). Written only when not ``"pi"``.
+    #: (opaque messages; ``store/streams/``). Written only when not ``"pi"``.
     kind: str = "pi"
     #: The kind's own settings, fixed at creation (a stream's content type, TTL, fork point,
     #: name). Empty for pi sessions.

@@ -31,10 +31,10 @@ Keyed by incarnation, so a session deleted and created again starts without one.
 schedules when to look (``coordination.Coordinator.retention_schedule``); the records and the
 log decide.
 
-**Forks** of pi sessions register with their source (``forks/<dir>/<inc>/<fork>=<token>``,
-the token random per fork create) before their header exists and check afterwards that the source is not in the trash; a purge lists
-the registrations after the trash marker and keeps a source that any live fork reads. Why
-that cannot miss a fork is argued in :meth:`RetentionStore.live_forks`.
+**Forks** register with their source before their header exists and check afterwards that
+the source is not in the trash; a purge lists the registrations after the trash marker and
+keeps a source that any live fork reads. The registrations of pi forks and stream forks are
+one registry, with one argument for why no live fork is missed (``store/forks.py``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ from store.errors import (
     SessionNotFoundError,
     SessionTrashedError,
 )
-from store.layout import marker_token, parse_ref_name
+from store.forks import ForkRegistry
+from store.layout import marker_token
 from store.markers import (
     _PURGE,
     _RESTORE,
@@ -227,6 +228,7 @@ class RetentionStore:
         self.layout = store.layout
         self.objects = store.objects
         self.retry = store.options.retry
+        self.forks = ForkRegistry(store.layout, store.objects, store.options.retry, store.headers)
 
     # --- settings ------------------------------------------------------------------------
 
@@ -481,11 +483,11 @@ class RetentionStore:
         store.ctx.fault("retention.purged_session", session_id=sid)
         keys = self.trash_entries(sid, inc)
         keys += self._records(sid, inc)
-        keys += self.retry.call(lambda: [i.key for i in self.objects.list(self.layout.fork_refs_prefix(sid, inc))])
+        keys += [reg.key for reg in self.forks.registrations(sid, inc)]
         if view.fork is not None:
             # Its own registration only (its token): the id may have been forked again from
             # the same source since this purge read the view.
-            keys.append(self.layout.fork_ref(view.fork.session_id, view.fork.incarnation, sid, view.fork.ref))
+            keys += self.forks.own_keys(view.fork.session_id, view.fork.incarnation, sid, view.fork.ref)
         self.retry.call(lambda: self.objects.delete_many(keys))
         try:
             store.coord.retention_unschedule(sid)
@@ -497,12 +499,8 @@ class RetentionStore:
     # --- forks -------------------------------------------------------------------------------
 
     def register_fork(self, fork: ForkPoint, fork_sid: str) -> str:
-        key = self.layout.fork_ref(fork.session_id, fork.incarnation, fork_sid, fork.ref)
-        try:
-            self.retry.call(lambda: self.objects.put_if_absent(key, b""))
-        except ObjectExistsError:
-            pass  # a re-send, or (a fork without a token) an id forked before
-        return key
+        """Register a pi fork with its source (``ForkRegistry.register``): its key."""
+        return self.forks.register(fork.session_id, fork.incarnation, fork_sid, fork.ref)[0]
 
     def check_fork_source(self, fork: ForkPoint) -> None:
         """After the fork's header exists: its source must still be of the fork point's
@@ -515,29 +513,11 @@ class RetentionStore:
         refuse_if_trashed(fork.session_id, store.get_tail(fork.session_id).last_entry_id)
 
     def live_forks(self, sid: str, inc: str) -> list[str]:
-        """Forks of (``sid``, ``inc``) whose header exists and names that fork point.
-
-        Called after the trash marker is committed. A fork checks its source *after* its
-        header exists (``check_fork_source``), and refuses a source in the trash, undoing
-        itself. So a fork that lives on (its check passed) checked before the trash marker;
-        its registration and its header came before its check, hence before this listing:
-        it is found here. A fork whose header appears after this listing checks after the
-        marker, finds the source trashed (or purged: no header, or another incarnation) and
-        undoes itself. A fork whose header exists but whose check has not run yet is counted
-        as live: the source waits (never the other way round)."""
-        keys = self.retry.call(lambda: [i.key for i in self.objects.list(self.layout.fork_refs_prefix(sid, inc))])
-        live = []
-        for key in keys:
-            fork_sid, token = parse_ref_name(key)
-            try:
-                header = self.store.headers.read(fork_sid)
-            except SessionNotFoundError:
-                continue
-            f = header.fork
-            ours = f is not None and f.session_id == sid and f.incarnation == inc and (not token or f.ref == token)
-            if ours and fork_sid not in live:
-                live.append(fork_sid)
-        return live
+        """Forks of (``sid``, ``inc``), pi or stream, whose header exists and names that fork
+        point (``ForkRegistry.live``). Called after the trash marker is committed: a pi fork
+        checks its source *after* its header exists (``check_fork_source``) and undoes itself
+        if the source is in the trash, so none that lives on is missed (``store/forks.py``)."""
+        return self.forks.live(sid, inc)
 
     # --- the trash ---------------------------------------------------------------------------
 

@@ -554,3 +554,41 @@ def test_two_processes_four_clients_on_one_session_the_history_checker_is_clean(
     assert report.problems == [] and report.errors == [], (report.problems, report.errors)
     assert report.acknowledged >= 24  # the two writers without If-Match never conflict
     assert len(ops) == 48
+
+
+# --- statuses: one table ---------------------------------------------------------------------
+
+
+def _error_classes() -> list[type[Exception]]:
+    import inspect
+
+    import store.errors as errors
+
+    return [c for _, c in inspect.getmembers(errors, inspect.isclass)
+            if issubclass(c, errors.SessionStoreError) and c.__module__ == errors.__name__]
+
+
+def test_errors_carry_no_status_and_every_stream_error_has_its_answer() -> None:
+    """Errors say what went wrong; the HTTP status and problem code of each are decided in
+    ``store/http/problems.py`` alone, and every stream refusal (and its subclasses' headers)
+    has its entry there."""
+    from store.errors import StaleEpochError, StreamClosedError, StreamError, TailMismatchError
+    from store.http.problems import STATUS, problem_of
+
+    classes = _error_classes()
+    assert StreamError in classes
+    for cls in classes:
+        assert "status" not in vars(cls) and "code" not in vars(cls), cls
+    for cls in classes:
+        if issubclass(cls, StreamError):
+            assert cls in STATUS, cls
+    assert problem_of(StreamClosedError("closed", "0000000000000001_0000000000000002")) == (
+        409, "stream-closed", "closed",
+        {"Stream-Closed": "true", "Stream-Next-Offset": "0000000000000001_0000000000000002"},
+    )
+    assert problem_of(TailMismatchError("moved", "-1", entry_id="")) == (
+        412, "tail-mismatch", "moved", {"Stream-Next-Offset": "-1", "Session-Tail-Entry-Id": ""},
+    )
+    assert problem_of(StaleEpochError("stale", 3)) == (403, "stale-producer-epoch", "stale", {"Producer-Epoch": "3"})
+    assert problem_of(StreamError("no")) == (400, "bad-request", "no", {})
+    assert problem_of(ValueError("not ours")) is None

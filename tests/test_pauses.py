@@ -342,6 +342,49 @@ def test_reader_paused_before_its_probe_past_two_compactions_is_not_truncated(
     assert ids == ["e0", "e1", "e2", "e3", "e4"]
 
 
+@pytest.mark.parametrize("redis_after", ["kept", "flushed"])
+def test_read_after_paused_before_its_probe_past_compactions_is_not_truncated(
+    make_store: Callable[..., SessionStore], clock: FakeClock, redis_after: str
+) -> None:
+    """``Reader.read_after`` (what a follower and a stream read of what is new) with Redis
+    lagging: a writer died after its PUT (seg 4 exists, Redis says 3). The reader fetches seg
+    3 and pauses on its probe of seg 4; meanwhile seg 4 is compacted, more is appended and
+    compacted, and GC deletes seg 4. The probe's 404 must not end the read: Redis's retired
+    slot (or, with Redis's state lost, a LIST of the manifests), asked after it, covers seg 4,
+    and the read falls back to a whole read."""
+
+    class Died(Exception):
+        pass
+
+    def die(point: str, ctx: dict[str, Any]) -> None:
+        if point == "append.after_put":
+            raise Died()
+
+    w = make_store()
+    w.create_session("ra")
+    chain(w, "ra", [f"e{i}" for i in range(3)])
+    with pytest.raises(Died):
+        make_store(fault_hook=die).append_session_entries("ra", [entry("e3", "e2")])  # seg 4
+    pause = Pause("read.segment", when=lambda ctx: ctx["seq"] == 4)
+    reader = make_store(fault_hook=pause)
+    header = reader.get_header("ra")
+    job = InThread(lambda: reader.reader.read_after("ra", header, 2))
+    pause.wait_paused()
+    c = compactor_for(w, clock)
+    assert c.compact_session("ra").generation == 1  # through 4
+    w.append_session_entries("ra", [entry("e4", "e3")])
+    assert c.compact_session("ra").generation == 2
+    clock.advance(GRACE_MS + 1)
+    c.gc_session("ra")
+    assert not segment_exists(w, "ra", header.incarnation, 4)
+    if redis_after == "flushed":
+        w.coord.client.flushall()
+    pause.release()
+    fresh, last = job.result()
+    assert [(s, e["id"]) for s, e in fresh] == [(3, "e2"), (4, "e3"), (5, "e4")]
+    assert last == 5
+
+
 @pytest.mark.parametrize("kept_parsed", [True, False])
 def test_a_reader_led_by_a_stale_manifest_hint_reads_the_newest(
     make_store: Callable[..., SessionStore], clock: FakeClock, kept_parsed: bool

@@ -1,19 +1,18 @@
-"""Durable streams (``store/streams.py``) on the library, with processes paused at the points
-of the fork-registration protocol: a fork registers with its source, then checks that the
-source is not deleted; a delete appends its tombstone, then lists the registrations. Whatever
-pauses where, a source is never removed while a fork reads it, and nothing is left behind.
+"""Durable streams (``store/streams/``) on the library, with processes paused (or killed) at the
+points of the fork-registration protocol (``store/forks.py``): a fork registers with its
+source, creates its header, then checks that the source is not deleted; a delete appends its
+tombstone, then lists the registrations. Whatever pauses where, a source is never removed
+while a fork reads it, and nothing is left behind.
 
 Two ``Streams`` on two stores are two processes: they share only S3 and Redis."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import pytest
 from harness.pausing import InThread, Pause
 
-import store.streams as streams_module
 from store import SessionStore
 from store.errors import SessionNotFoundError
 from store.streams import (
@@ -29,29 +28,43 @@ pytestmark = pytest.mark.timeout(300)
 TEXT = "text/plain"
 
 
+def _registrations(store: SessionStore) -> list[str]:
+    """Every fork registration, under both names the registry reads (``store/forks.py``)."""
+    return [i.key for root in ("forks/", "streams/refs/") for i in store.objects.list(store.layout.prefix + root)]
+
+
 def _leftovers(store: SessionStore, *names: str) -> list[str]:
     """Objects still stored for these streams, and any fork registration at all."""
-    keys = [i.key for i in store.objects.list(store.layout.prefix + "streams/refs/")]
+    keys = _registrations(store)
     for name in names:
         keys += [i.key for i in store.objects.list(store.layout.session_prefix(store.layout.stream_id(name)))]
     return keys
 
 
-def test_a_fork_registered_while_its_source_is_deleted_backs_out_and_the_source_goes(
-    make_store: Callable[..., SessionStore],
+@pytest.mark.parametrize("point", ["stream.fork.registered", "stream.fork.created"])
+def test_a_fork_paused_before_its_check_while_its_source_is_deleted_backs_out_and_the_source_goes(
+    make_store: Callable[..., SessionStore], point: str
 ) -> None:
-    """The forker pauses between registering and checking; the delete sees the registration
-    (the fork may be about to read), so it only tombstones. The forker then sees the tombstone,
-    withdraws, and removes the source its registration kept."""
-    pause = Pause("stream.fork.registered")
+    """The forker pauses before checking its source: registered only (``registered``), or
+    with its header created too (``created``). The delete tombstones the source and lists the
+    registrations: one without a header is dead (its forker checks after its header, so it
+    will back out) and the source goes at once; one whose header exists is live (the fork may
+    be about to read) and the source is kept. The forker then sees the tombstone (or no
+    source), withdraws, and removes the source its registration kept."""
+    pause = Pause(point)
     forker = Streams(make_store(fault_hook=pause))
     deleter = Streams(make_store())
     deleter.create("src", content_type=TEXT, msgs=[b"data"])
     fork = InThread(lambda: forker.create("fork", fork_from="src"))
     pause.wait_paused()
     deleter.delete("src")
-    with pytest.raises(StreamGoneError):
-        deleter.read("src", START)  # kept for the fork that might read it
+    if point == "stream.fork.created":
+        with pytest.raises(StreamGoneError):
+            deleter.read("src", START)  # kept for the fork that might read it
+    else:
+        with pytest.raises(StreamNotFoundError):
+            deleter.read("src", START)  # no fork header names it: removed
+        assert _registrations(deleter.store) == []
     pause.release()
     with pytest.raises(StreamExistsError):
         fork.result()
@@ -60,6 +73,32 @@ def test_a_fork_registered_while_its_source_is_deleted_backs_out_and_the_source_
             with pytest.raises(StreamNotFoundError):
                 s.read(name, START)
     assert _leftovers(deleter.store, "src", "fork") == []
+
+
+def test_a_forker_killed_after_registering_leaves_nothing_once_the_source_is_deleted(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """A forker dies between its registration and its header: the registration names no
+    fork, so the source's delete drops it and removes the source; nothing is left."""
+
+    class Died(BaseException):
+        pass
+
+    def die(point: str, ctx: dict[str, object]) -> None:
+        if point == "stream.fork.registered":
+            raise Died()
+
+    s = Streams(make_store())
+    s.create("src", content_type=TEXT, msgs=[b"data"])
+    with pytest.raises(Died):
+        Streams(make_store(fault_hook=die)).create("fork", fork_from="src")
+    assert len(_registrations(s.store)) == 1
+    with pytest.raises(StreamNotFoundError):
+        s.read("fork", START)
+    s.delete("src")
+    with pytest.raises(StreamNotFoundError):
+        s.read("src", START)
+    assert _leftovers(s.store, "src", "fork") == []
 
 
 def test_a_delete_paused_after_its_tombstone_refuses_new_forks_then_removes_the_source(
@@ -80,30 +119,29 @@ def test_a_delete_paused_after_its_tombstone_refuses_new_forks_then_removes_the_
     assert _leftovers(forker.store, "src", "fork") == []
 
 
-def test_a_forker_paused_past_the_registration_grace_undoes_its_fork(
-    make_store: Callable[..., SessionStore], monkeypatch: pytest.MonkeyPatch
+def test_a_forker_paused_after_its_check_for_any_length_of_time_keeps_its_source(
+    make_store: Callable[..., SessionStore],
 ) -> None:
-    """Registered and checked, then paused longer than the grace after which a registration
-    without a fork is taken for a crashed forker's: the delete clears it and removes the
-    source. The forker, resuming, creates its fork, sees how long it took, and deletes it
-    rather than read a source that is gone; nothing is left."""
-    monkeypatch.setattr(streams_module, "REF_GRACE_MS", 2000)
+    """Registered, header created and source checked, then paused (for longer than any grace
+    period: none is assumed) while the source is deleted: the fork's header names the source,
+    so the delete only tombstones it. The forker, resuming, has a fork that reads the source's
+    data; deleting the fork takes the source along, and nothing is left."""
     pause = Pause("stream.fork.checked")
     forker = Streams(make_store(fault_hook=pause))
     deleter = Streams(make_store())
     deleter.create("src", content_type=TEXT, msgs=[b"data"])
-    fork = InThread(lambda: forker.create("fork", fork_from="src"))
+    fork = InThread(lambda: forker.create("fork", fork_from="src", msgs=[b";mine"]))
     pause.wait_paused()
-    time.sleep(3.5)  # past the grace by the object store's clock (whole seconds on some)
     deleter.delete("src")
-    with pytest.raises(StreamNotFoundError):
-        deleter.read("src", START)  # the abandoned-looking registration did not keep it
+    with pytest.raises(StreamGoneError):
+        deleter.read("src", START)  # kept for the fork
     pause.release()
-    with pytest.raises(Exception) as caught:
-        fork.result()
-    assert "took too long" in str(caught.value)
+    created, _ = fork.result()
+    assert created
+    assert b"".join(deleter.read("fork", START).messages) == b"data;mine"
+    deleter.delete("fork")
     with pytest.raises(StreamNotFoundError):
-        forker.read("fork", START)
+        deleter.read("src", START)
     assert _leftovers(deleter.store, "src", "fork") == []
 
 
@@ -183,7 +221,8 @@ def test_a_repeated_fork_create_leaves_one_registration(make_store: Callable[...
     s.create("fork", fork_from="src")
     created, _ = s.create("fork", fork_from="src")
     assert created is False
-    refs = [i.key for i in s.store.objects.list(s.store.layout.prefix + "streams/refs/")]
+    refs = _registrations(s.store)
+    assert len(refs) == 1 and refs[0].startswith(s.store.layout.prefix + "forks/")
     assert len(refs) == 1 and refs[0].rsplit("/", 1)[-1].startswith(s.store.layout.stream_id("fork") + "=")
     s.delete("src")
     assert b"".join(s.read("fork", START).messages) == b"one;"

@@ -5,7 +5,8 @@ specification (``PROTOCOL.md``, version 1.0): ``PUT`` create (and fork), ``POST`
 and close, ``GET`` catch-up, long-poll and SSE reads, ``HEAD``, ``DELETE``; JSON mode,
 ``Stream-Seq``, idempotent producers, TTL and Expires-At, ETags, CORS (for the origins
 allowed: ``store/http/guard.py``, which also checks ``Host`` and ``Origin``). What a stream *is*
-(records, offsets, producer state, forks) is ``store/streams.py``; this module is the wire.
+(records, offsets, producer state, forks) is ``store/streams/``; this module is the wire
+(statuses of the store's errors: ``store/http/problems.py``).
 
 Processes share nothing but the object store and Redis: any number of them serve the same
 streams behind any load balancer, with no sticky sessions. A live reader waits on a
@@ -37,24 +38,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from store.core import SessionStore
-from store.errors import (
-    BackendUnavailableError,
-    BatchTooLargeError,
-    ContentionError,
-    EntryNotFoundError,
-    IdCollisionError,
-    IndeterminateError,
-    InvalidInputError,
-    SessionExistsError,
-    SessionNotFoundError,
-    SessionStoreError,
-    UnknownParentError,
-)
+from store.errors import SessionStoreError
 from store.http.auth import Tokens, may_access
 from store.http.claude import CLAUDE_ROOT, ClaudeRoutes
 from store.http.guard import DEFAULT_BODY_TIMEOUT_S, Guard, problem_body
 from store.model.js_json import encode_json
 from store.http.notify import Notifier
+from store.http.problems import problem_of
 from store.http.sessions import SESSIONS_ROOT, SessionRoutes
 from store.streams import (
     START,
@@ -62,14 +52,10 @@ from store.streams import (
     Batch,
     Offset,
     Producer,
-    ProducerSeqGapError,
     ReadResult,
-    StaleEpochError,
-    StreamClosedError,
     StreamError,
     StreamInfo,
     Streams,
-    TailMismatchError,
     is_json_type,
     media_type,
 )
@@ -98,18 +84,6 @@ _CURSOR_INTERVAL_S = 20
 
 
 
-#: The store's refusals and their answers, the first class that matches winning (order
-#: matters: InvalidInputError is the base of the batch and entry errors).
-_REFUSAL_STATUS: dict[type[Exception], tuple[int, str]] = {
-    BatchTooLargeError: (413, "too-large"),
-    EntryNotFoundError: (404, "entry-not-found"),
-    SessionExistsError: (409, "stream-exists"),
-    IdCollisionError: (409, "id-collision"),
-    UnknownParentError: (409, "unknown-parent"),
-    SessionNotFoundError: (404, "stream-not-found"),
-    InvalidInputError: (400, "bad-request"),
-}
-_REFUSALS = tuple(_REFUSAL_STATUS)
 
 
 class HttpError(Exception):
@@ -242,34 +216,13 @@ class StreamService:
             return Response(status_code=400, headers={"connection": "close"})
         except HttpError as exc:
             return _problem(exc.status, exc.code, exc.detail, exc.headers)
-        except TailMismatchError as exc:
-            headers = {"Stream-Next-Offset": exc.actual}
-            if exc.entry_id is not None:
-                headers["Session-Tail-Entry-Id"] = exc.entry_id
-            return _problem(412, exc.code, str(exc), headers)
-        except StreamClosedError as exc:
-            return _problem(409, exc.code, str(exc), {
-                "Stream-Closed": "true", "Stream-Next-Offset": exc.next_offset,
-            })
-        except StaleEpochError as exc:
-            return _problem(403, exc.code, str(exc), {"Producer-Epoch": str(exc.current_epoch)})
-        except ProducerSeqGapError as exc:
-            return _problem(409, exc.code, str(exc), {
-                "Producer-Expected-Seq": str(exc.expected), "Producer-Received-Seq": str(exc.received),
-            })
-        except StreamError as exc:
-            return _problem(exc.status, exc.code, str(exc))
-        except _REFUSALS as exc:
-            status, code = next(v for k, v in _REFUSAL_STATUS.items() if isinstance(exc, k))
-            return _problem(status, code, str(exc))
-        except (ContentionError, BackendUnavailableError) as exc:
-            return _problem(503, "unavailable", str(exc), {"Retry-After": "1"})
-        except IndeterminateError as exc:
-            return _problem(503, "indeterminate", f"the outcome is unknown; re-send to find out ({exc})",
-                            {"Retry-After": "1"})
         except SessionStoreError as exc:
-            log.exception("request failed")
-            return _problem(500, "internal", type(exc).__name__)
+            answer = problem_of(exc)
+            if answer is None:
+                log.exception("request failed")
+                return _problem(500, "internal", type(exc).__name__)
+            status, code, detail, headers = answer
+            return _problem(status, code, detail, headers)
 
     def tenant_of(self, request: Request) -> str | None:
         """The request's tenant (None when no tokens are configured: everyone is everything);
