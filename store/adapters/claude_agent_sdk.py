@@ -76,11 +76,9 @@ stream unlisted (the SDK deletes only when asked to).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import random
-import re
 import threading
 import uuid
 import weakref
@@ -100,6 +98,7 @@ from claude_agent_sdk.types import (
 )
 from claude_agent_sdk.types import SessionStore as SdkSessionStore
 
+from store.adapters.names import digest, session_id_for
 from store.clock import iso_now, now_ms
 from store.errors import (
     ConflictError,
@@ -110,7 +109,6 @@ from store.errors import (
     SessionNotFoundError,
     UnknownParentError,
 )
-from store.layout import check_session_id
 from store.records import EMPTY_TAIL, AppendResult, Header
 
 if TYPE_CHECKING:
@@ -133,7 +131,6 @@ INDEX_TYPE = "claude-agent-sdk.index"
 #: Key in a session header's ``pi_header`` naming the SDK key it holds.
 HEADER_KEY = "claudeAgentSdk"
 
-_SAFE_SID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _EPOCH_ISO = "1970-01-01T00:00:00.000Z"
 _MAX_UUID_ID = 200
 
@@ -141,7 +138,7 @@ _T = TypeVar("_T")
 
 
 def _h(text: str, size: int = 10) -> str:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=size).hexdigest()
+    return digest(text, scheme="blake2b", size=size)
 
 
 def _anchor(uuids: list[str | None], i: int) -> str:
@@ -319,14 +316,9 @@ class ClaudeSessionStore(SdkSessionStore):
 
     # --- names ---------------------------------------------------------------------------------
 
-    def _project_hash(self, project_key: str) -> str:
-        if not isinstance(project_key, str) or not project_key:
-            raise InvalidInputError("project_key must be a non-empty string")
-        return _h(f"{self.namespace}\x00{project_key}" if self.namespace else project_key)
-
     def index_id(self, project_key: str) -> str:
         """The store session holding the project's index."""
-        return f"cc.{self._project_hash(project_key)}"
+        return session_id_for("claude-agent-sdk", project_key, namespace=self.namespace)
 
     async def list_projects(self) -> list[str]:
         """Every project key of this namespace that has an index in the store.
@@ -356,17 +348,10 @@ class ClaudeSessionStore(SdkSessionStore):
 
     def session_id_for(self, key: SessionKey | SessionListSubkeysKey) -> str:
         """The store session holding ``key``'s stream."""
-        sid = key["session_id"]
-        if not isinstance(sid, str) or not sid:
-            raise InvalidInputError("session_id must be a non-empty string")
-        s = sid if _SAFE_SID.fullmatch(sid) else "_" + _h(sid, 12)
-        name = f"cc.{self._project_hash(key['project_key'])}.{s}"
-        subpath = key.get("subpath")
-        if subpath is not None:
-            if not isinstance(subpath, str) or not subpath:
-                raise InvalidInputError("subpath must be a non-empty string (omit it for the main transcript)")
-            name += "." + _h(subpath)
-        return check_session_id(name)
+        names = [key["project_key"], key["session_id"]]
+        if key.get("subpath") is not None:
+            names.append(key["subpath"])  # type: ignore[typeddict-item]
+        return session_id_for("claude-agent-sdk", *names, namespace=self.namespace)
 
     # --- helpers -------------------------------------------------------------------------------
 

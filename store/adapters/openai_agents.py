@@ -54,7 +54,6 @@ The SDK's ``session_settings`` (``SessionSettings(limit=...)``) is honoured as b
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import random
 import uuid
@@ -74,7 +73,7 @@ from store.errors import (
     SessionNotFoundError,
     UnknownParentError,
 )
-from store.layout import check_session_id
+from store.adapters.names import session_id_for
 from store.records import EMPTY_TAIL, AppendResult
 
 if TYPE_CHECKING:
@@ -146,12 +145,7 @@ def store_session_id(session_id: str) -> str:
     store id is used as it is (``sessionstore show support-42`` finds it); any other string is
     mapped to ``oai-`` and the first 40 hex digits of its SHA-256, the same in every process.
     """
-    if not isinstance(session_id, str) or not session_id:
-        raise InvalidInputError("session_id must be a non-empty string")
-    try:
-        return check_session_id(session_id)
-    except InvalidInputError:
-        return "oai-" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+    return session_id_for("openai-agents", session_id)
 
 
 def _new_id() -> str:
