@@ -42,34 +42,21 @@ agrees on; each writer's calls in its own order).
 
 **The project index.** Per project, one more session, ``cc.<P>``, holds small records (pi
 ``custom`` entries of type ``claude-agent-sdk.index``): ``reg`` when a key's stream is created,
-``del`` when it is deleted (naming the incarnations it ended), and ``sum``: the SDK's
-``fold_session_summary`` output for a main transcript, with ``through`` (the transcript's
-last segment it folded) and ``mtime``. After each append to a main transcript the writer folds
-what the summary lacks (its own batch, when its segment holds nothing else, or the segments
-after ``through``, read incrementally: a segment may hold other writers' batches too, see
-``AppendResult.segment_entries``)
-and appends the new ``sum`` with ``expected_tail_entry_id`` = the index's tail it read: a
-compare-and-set (a ``sum`` whose fold changed nothing carries no ``data``, only ``through`` and
-``mtime``). On ``ConflictError`` it reads the index's new records and folds again, so
-concurrent appends never lose an update and the summary is always the fold of the transcript
-in commit order. ``list_sessions``, ``list_session_summaries`` and ``list_subkeys`` read only
-the project's index (incrementally after the first time): never the whole store. ``mtime``
-(both lists, one clock) is the epoch-ms time the writer stamped on the ``sum`` record just
-before committing it, kept increasing per session.
+``del`` when it is deleted (naming the incarnations it ended). Summaries are not written: an
+``append`` is one object write (its transcript's segment). ``list_sessions`` and
+``list_session_summaries`` read the index (incrementally), then fold each main transcript it
+lists with ``fold_session_summary``, only the segments this process has not folded yet, onto
+the fold it keeps (``AsyncSessionStore.read_since``): a fold of exactly what ``load`` returns.
+``mtime`` (both lists) is the newest write time appends stamp on their entries. (``sum``
+records of earlier versions only give the mtime of transcripts written before the stamps.)
 
-**Costs.** A steady append to a main transcript is two PUTs (its segment and the index's
-``sum``) and their Redis scripts; a subpath's is one. A cold ``load`` (a process that has read
-nothing yet) of an uncompacted transcript costs one GET per append plus the header and a
-probe (400 flushes: 404 requests); once the compactor has merged it (it is queued by the
-writers past 64 segments, ``python -m compactor`` runs the queue), four GETs (header,
-manifest, one base, the probe after it) and two LISTs of the manifests, at 400 as at 4,000
-flushes (``tests/test_adapter_claude_agent_sdk.py``, ``benchmarks/peers/claude_agent_sdk.py``).
-The index is compacted the same way; it holds one small record per append to a main
-transcript, so its bytes (not its requests) grow with the project's history.
+**Costs.** A steady append: one PUT and the store's two Redis scripts. A cold ``load`` of an
+uncompacted transcript reads its segments (Redis's recent-segments cache serves the newest);
+once the compactor has merged it, a few GETs whatever its length
+(``tests/test_adapter_claude_agent_sdk.py``, ``benchmarks/peers/claude_agent_sdk.py``). A
+listing costs, per main transcript, its new segments and a probe.
 
-A writer that dies between its transcript append and its ``sum`` leaves the summary behind
-until the next append to that session (``through`` makes it catch up); ``list_sessions`` then
-shows the older mtime. A ``delete`` racing with appends to the same key may leave the racing
+A ``delete`` racing with appends to the same key may leave the racing
 stream unlisted (the SDK deletes only when asked to).
 """
 
