@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from store.core import SessionData, SessionStore
+from store.core import SessionChanges, SessionData, SessionStore
 from store.errors import IndeterminateError, InvalidInputError
 from store.follow import Follower
 from store.handles import SessionHandle
@@ -183,6 +183,13 @@ class AsyncSessionStore:
 
     async def read_session(self, session_id: str) -> SessionData:
         return await self._run(self._store.read_session, session_id)
+
+    async def read_since(
+        self, session_id: str, *, incarnation: str | None, after_seq: int
+    ) -> SessionChanges:
+        return await self._run(
+            self._store.read_since, session_id, incarnation=incarnation, after_seq=after_seq
+        )
 
     async def get_tail(self, session_id: str) -> TailInfo:
         return await self._run(self._store.get_tail, session_id)

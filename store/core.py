@@ -59,7 +59,7 @@ from store.maintenance import Maintenance
 from store.markers import check_user_ids, refuse_if_trashed
 from store.object_store import StoredObject
 from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
-from store.read import Reader, SessionData, check_unique_ids
+from store.read import Reader, SessionChanges, SessionData, check_unique_ids
 from store.records import (
     EMPTY_TAIL,
     AppendResult,
@@ -405,6 +405,23 @@ class SessionStore:
         data = self.reader.read_session(check_session_id(session_id))
         refuse_if_trashed(data.header.session_id, data.last_entry_id)
         return data
+
+    def read_since(self, session_id: str, *, incarnation: str | None, after_seq: int) -> SessionChanges:
+        """What the session holds beyond segment ``after_seq`` of ``incarnation``, for a
+        reader that keeps what it read: only the new segments, in one parallel round
+        (``Reader.read_since``); the whole session (``whole``) when ``incarnation`` is not the
+        session's (None: nothing read yet). Redactions come as the redaction entries
+        themselves: applying them to what the caller holds is the caller's part.
+        ``SessionTrashedError`` for a session in the trash."""
+        if isinstance(after_seq, bool) or not isinstance(after_seq, int) or after_seq < 0:
+            raise InvalidInputError("after_seq must be an integer >= 0")
+        if incarnation is not None and not isinstance(incarnation, str):
+            raise InvalidInputError("incarnation must be a string or None")
+        sid = check_session_id(session_id)
+        changes = self.reader.read_since(sid, incarnation, after_seq)
+        if changes.entries:
+            refuse_if_trashed(sid, str(changes.entries[-1]["id"]))
+        return changes
 
     def get_tail(self, session_id: str) -> TailInfo:
         """The true tail: Redis's view, rolled forward over segments it has not heard of."""
@@ -756,4 +773,4 @@ class SessionStore:
         yield from self.options.retry.call(lambda: [info.key for info in self.objects.list(prefix)])
 
 
-__all__ = ["SessionData", "SessionHandle", "SessionStore", "uuid7"]
+__all__ = ["SessionChanges", "SessionData", "SessionHandle", "SessionStore", "uuid7"]

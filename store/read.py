@@ -76,6 +76,23 @@ class SessionData:
         return ""
 
 
+@dataclass(frozen=True, slots=True)
+class SessionChanges:
+    """What a session holds beyond the segments a caller has read (``Reader.read_since``)."""
+
+    header: Header
+    #: True: ``entries`` is the whole session (a fork's inherited path first, at seq 0),
+    #: because the caller's incarnation is not the session's (it read none yet, or the session
+    #: was deleted and created again): the caller starts over from these.
+    whole: bool
+    #: The entries committed after the caller's segment (or all: ``whole``), in commit order.
+    entries: Entries
+    #: Segment number of each entry (parallel to ``entries``).
+    seqs: list[int]
+    #: The last segment of the session now (the caller's next ``after_seq``).
+    seq: int
+
+
 class SegmentRetired(Exception):
     """A segment or base vanished mid-read: compaction retired it. Start over."""
 
@@ -503,6 +520,69 @@ class Reader:
             return None
         return out, seq
 
+    def read_since(self, sid: str, incarnation: str | None, after_seq: int) -> SessionChanges:
+        """The entries committed after segment ``after_seq`` of ``incarnation``, for a caller
+        that holds segments 1..``after_seq`` of it (a whole read when it holds none of the
+        session's current life). What the caller holds stays true: a segment never changes
+        within an incarnation and its number is never used again, so the new entries are
+        exactly the segments after ``after_seq``, however long the caller paused.
+
+        1. One Redis round trip: the tail and the recent-segments cache; the header from the
+           process's cache while Redis names its incarnation, else one GET.
+        2. When Redis says no manifest retired a segment after ``after_seq`` (``cseq``): in one
+           parallel round, the segments after ``after_seq`` up to Redis's tail (decoded from
+           the recent-segments cache when it holds them) and the probe of the slot after it.
+        3. After the probe's 404, Redis's ``retired_through`` must say that slot was never
+           retired (``_end_is_true``), or that 404 may have been a deleted segment.
+        4. Anything else (no hint, a manifest past ``after_seq``, a segment gone meanwhile):
+           ``read_after``, the follower's read (a whole read, filtered, if it must).
+        """
+        ctx = self.ctx
+        state = self._tail(sid)
+        header = ctx.headers.cached(sid)
+        if header is None or state is None or state.inc != header.incarnation:
+            header = ctx.headers.read(sid)
+        inc = header.incarnation
+        hint = state if state is not None and state.inc == inc else None
+        if incarnation != inc:
+            data = self.read(sid, header, use_hint=True, state=hint)
+            seqs = [0] * len(data.inherited) + data.seqs
+            return SessionChanges(data.header, True, list(data.all_entries), seqs, data.seq)
+        if hint is not None and hint.cseq <= after_seq:
+            try:
+                entries, seqs, seq = self._segments_since(sid, header, hint, after_seq)
+            except SegmentRetired:
+                pass
+            else:
+                if self._end_is_true(sid, inc, None, seq + 1, redis_ok=True):
+                    return SessionChanges(header, False, entries, seqs, seq)
+        fresh, seq = self.read_after(sid, header, after_seq)
+        return SessionChanges(header, False, [e for _, e in fresh], [s for s, _ in fresh], seq)
+
+    def _segments_since(
+        self, sid: str, header: Header, hint: TailState, after_seq: int
+    ) -> tuple[Entries, list[int], int]:
+        """Segments ``after_seq`` + 1.. up to the first 404, the known ones and the probe in
+        one parallel round (``read_since``, step 2)."""
+        ctx, inc = self.ctx, header.incarnation
+        ids = EntryIds()
+        known = list(range(after_seq + 1, hint.seq + 1))
+        probing = ctx.pool.submit(self._get_segment, sid, inc, max(hint.seq, after_seq) + 1, header.schema, ids)
+        cached = self._recent_segments(sid, inc, known, hint, ids)
+        segments = {
+            s: cached[s] if s in cached else ctx.pool.submit(self._get_segment, sid, inc, s, header.schema, ids)
+            for s in known
+        }
+        entries: Entries = []
+        seqs: list[int] = []
+        try:
+            seq, _ = self._take_segments(known, segments, entries, seqs, after_seq)
+        except SegmentRetired:
+            _drain(segments.values(), probing)
+            raise
+        seq, _ = self._probe(sid, inc, header.schema, probing, entries, seqs, seq, 0, ids)
+        return entries, seqs, seq
+
     def fork_path(self, fork: ForkPoint) -> Entries:
         """The source's path root..fork point (which is immutable once written)."""
         src = self.ctx.headers.read(fork.session_id)
@@ -579,4 +659,4 @@ def _drain(futures: Iterable[Future[Any]], *more: Future[Any]) -> None:
                 fut.result()
 
 
-__all__ = ["Reader", "SegmentRetired", "SessionData", "check_unique_ids"]
+__all__ = ["Reader", "SegmentRetired", "SessionChanges", "SessionData", "check_unique_ids"]

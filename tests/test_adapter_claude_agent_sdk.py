@@ -62,6 +62,7 @@ from store.adapters.claude_agent_sdk import (
 from store.aio import AsyncSessionStore
 from store.embedded import EmbeddedRedis
 from harness.pausing import InThread, Pause
+from harness.s3_server import ServerRequests
 from test_group_commit import offers
 from test_fair_appends import wait_for
 
@@ -240,19 +241,14 @@ def test_store_backed_functions_on_a_claude_code_transcript(
 
 def test_batches_that_share_a_segment_are_all_in_the_summary(make_store: Any) -> None:
     """Two writers queue behind a third that holds the claim on the transcript's next segment;
-    the first of them writes both batches as one segment (group commit). Each writer then
-    folds the summary, the second only after the first has committed its fold: the summary
-    must hold both batches (a fold of only the writer's own batch, taken for the whole
-    segment, lost the other's title or last prompt)."""
+    the first of them writes both batches as one segment (group commit). The summary must hold
+    both batches (a fold of only one writer's batch, taken for the whole segment, lost the
+    other's title or last prompt)."""
     key = {"project_key": "-group", "session_id": "shared-segment"}
     seed = ClaudeSessionStore(AsyncSessionStore(make_store()))
-    sid, isid = seed.session_id_for(key), seed.index_id("-group")
+    sid = seed.session_id_for(key)
     hold = Pause("append.before_put", lambda c: c.get("session_id") == sid)
-    # Each rider-or-leader stops before its summary's CHECK on the index, until told.
-    fold_a = Pause("append.before_check", lambda c: c.get("session_id") == isid)
-    fold_b = Pause("append.before_check", lambda c: c.get("session_id") == isid)
-    stores = {name: make_store(fault_hook=hook) for name, hook in
-              (("h", hold), ("a", fold_a), ("b", fold_b))}
+    stores = {name: make_store(fault_hook=hook) for name, hook in (("h", hold), ("a", None), ("b", None))}
 
     def user(u: str) -> dict[str, Any]:
         return {"type": "user", "uuid": u, "timestamp": "2026-11-27T10:00:00.000Z",
@@ -273,6 +269,7 @@ def test_batches_that_share_a_segment_are_all_in_the_summary(make_store: Any) ->
 
     async def seed_session() -> None:
         await seed.append(key, [user("first")])
+        assert len(await seed.list_session_summaries("-group")) == 1  # a fold to extend
 
     asyncio.run(seed_session())
     h = writer("h")
@@ -283,11 +280,7 @@ def test_batches_that_share_a_segment_are_all_in_the_summary(make_store: Any) ->
     wait_for(lambda: len(offers(stores["h"], sid)) == 2, "b queued with its offer")
     hold.release()
     h.result()
-    fold_a.wait_paused()
-    fold_b.wait_paused()
-    fold_a.release()
     a.result()
-    fold_b.release()
     b.result()
 
     async def check() -> None:
@@ -304,6 +297,87 @@ def test_batches_that_share_a_segment_are_all_in_the_summary(make_store: Any) ->
     seq_of = {e["id"]: s for e, s in zip(data.entries, data.seqs)}
     assert seq_of["u.a"] == seq_of["u.b"] != seq_of["u.h"]
     asyncio.run(check())
+
+
+@pytest.mark.s3_backends("moto", reason="requests are counted in moto's own request log")
+def test_an_append_is_one_object_write_counted_at_the_server(
+    s3_location: Any, redis_url: str, redis_prefix: str
+) -> None:
+    """After a transcript's first append (which registers it with the project's index), each
+    append is its segment's PUT and nothing else on the object store."""
+    key = {"project_key": "-costs", "session_id": "one-write"}
+
+    async def run() -> None:
+        cc = await ClaudeSessionStore.open(s3_location.url, redis_url, redis_prefix=redis_prefix)
+        async with cc:
+            await cc.append(key, [{"type": "user", "uuid": "u0", "message": {"content": "m0"}}])
+            for i in range(1, 6):
+                with ServerRequests(s3_location.bucket) as seen:
+                    await cc.append(key, [{"type": "user", "uuid": f"u{i}", "message": {"content": f"m{i}"}},
+                                          {"type": "assistant", "uuid": f"a{i}", "message": {"content": f"r{i}"}}])
+                assert (seen.count("PUT"), seen.count()) == (1, 1), seen.lines
+            loaded = await cc.load(key)
+            assert loaded is not None and len(loaded) == 11
+            [summary] = await cc.list_session_summaries("-costs")
+            assert summary["data"] == fold_session_summary(None, key, loaded)["data"]  # type: ignore[arg-type]
+
+    asyncio.run(run())
+
+
+def test_listings_fold_what_load_returns_with_a_writer_paused_before_its_commit(make_store: Any) -> None:
+    """A writer paused after its segment's PUT, before Redis hears of it: ``load`` returns
+    that batch (the read probes past Redis's tail), and so do both listings, in a process
+    that had folded the transcript before and in a fresh one; once the writer goes on, a
+    listing shows exactly what load shows again."""
+    key = {"project_key": "-paused", "session_id": "paused-writer"}
+    seed = ClaudeSessionStore(AsyncSessionStore(make_store()))
+    sid = seed.session_id_for(key)
+    hold = Pause("append.after_put", lambda c: c.get("session_id") == sid)
+    paused_store = make_store(fault_hook=hold)
+
+    def entry(u: str, **more: Any) -> dict[str, Any]:
+        return {"type": "user", "uuid": u, "timestamp": "2026-11-27T10:00:00.000Z",
+                "message": {"role": "user", "content": f"prompt {u}"}, **more}
+
+    async def first() -> None:
+        await seed.append(key, [entry("one")])
+        assert len(await seed.list_session_summaries("-paused")) == 1
+
+    asyncio.run(first())
+
+    def writer() -> InThread:
+        async def run() -> None:
+            async with ClaudeSessionStore(AsyncSessionStore(paused_store)) as cc:
+                await cc.append(key, [entry("two"), {"type": "custom-title", "customTitle": "late title",
+                                                     "uuid": "title"}])
+
+        return InThread(lambda: asyncio.run(run()))
+
+    async def agree(cc: ClaudeSessionStore) -> dict[str, Any]:
+        loaded = await cc.load(key)
+        assert loaded is not None
+        [summary] = await cc.list_session_summaries("-paused")
+        [listed] = await cc.list_sessions("-paused")
+        assert summary["data"] == fold_session_summary(None, key, loaded)["data"]  # type: ignore[arg-type]
+        assert summary["mtime"] == listed["mtime"]
+        return summary
+
+    w = writer()
+    hold.wait_paused()
+    assert asyncio.run(agree(seed))["data"]["custom_title"] == "late title"
+    fresh = ClaudeSessionStore(AsyncSessionStore(make_store()))
+    assert asyncio.run(agree(fresh))["data"]["custom_title"] == "late title"
+    hold.release()
+    w.result()
+
+    async def after() -> None:
+        await seed.append(key, [entry("three")])
+        async with seed:
+            await agree(seed)
+        async with fresh:
+            await agree(fresh)
+
+    asyncio.run(after())
 
 
 # --- many writer processes, then a resume elsewhere -------------------------------------------

@@ -42,6 +42,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
+from harness.s3_server import ServerRequests
 from store.adapters.openai_agents import (
     CLEAR_TYPE,
     ITEM_TYPE,
@@ -627,3 +628,116 @@ def test_unknown_outcome_is_resent_and_stored_once(s3_url: str, redis_url: str, 
             assert await session.get_items() == items[:1]
 
     asyncio.run(main())
+
+
+# --- reads fetch only what is new ---------------------------------------------------------------
+
+
+def _items(tag: str, start: int, n: int) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"{tag} {i}"} for i in range(start, start + n)]
+
+
+@pytest.mark.s3_backends("moto", reason="requests are counted in moto's own request log")
+def test_a_turn_reads_only_the_new_item_counted_at_the_server(
+    s3_location: Any, redis_url: str, redis_prefix: str
+) -> None:
+    """``get_items`` at the start of a turn costs one round of requests for what is new since
+    this process last read the session (a new session object included), whatever the length
+    of the history; ``pop_item`` reads the same way, its compare-and-set unchanged."""
+    sid = "long-history"
+
+    async def run() -> None:
+        # Without Redis's recent-segments cache: the new segment is fetched from S3.
+        reader = await open_store(s3_location.url, redis_url, redis_prefix, recent_cache_bytes=0)
+        writer = await open_store(s3_location.url, redis_url, redis_prefix)
+        try:
+            history: list[dict[str, Any]] = []
+            w = SessionStoreSession(sid, writer)
+            for start in range(0, 300, 10):
+                await w.add_items(_items("old", start, 10))
+                history += _items("old", start, 10)
+            assert await SessionStoreSession(sid, reader).get_items() == history
+            await w.add_items(_items("new", 0, 1))
+            history += _items("new", 0, 1)
+            with ServerRequests(s3_location.bucket) as seen:
+                got = await SessionStoreSession(sid, reader).get_items()  # a fresh object
+            assert got == history
+            # The new segment and the probe after it, in one parallel round; no LIST.
+            assert seen.count() == 2 and seen.count("GET") == 2, seen.lines
+            with ServerRequests(s3_location.bucket) as seen:
+                assert await SessionStoreSession(sid, reader).pop_item() == history[-1]
+            # Nothing new: the probe; then the pop marker's PUT.
+            assert (seen.count("GET"), seen.count("PUT"), seen.count()) == (1, 1, 2), seen.lines
+            with ServerRequests(s3_location.bucket) as seen:
+                assert await SessionStoreSession(sid, reader).get_items(limit=2) == history[-3:-1]
+            assert seen.count() == 1, seen.lines  # its own marker was kept: the probe only
+            assert await SessionStoreSession(sid, writer).get_items() == history[:-1]
+        finally:
+            await reader.close()
+            await writer.close()
+
+    asyncio.run(run())
+
+
+def test_a_reader_that_paused_through_compaction_deletion_and_redaction_reads_right(
+    s3_url: str, redis_url: str, redis_prefix: str
+) -> None:
+    """A process that read the session, then paused while others appended, compacted it (its
+    segments deleted), redacted an item, popped, and deleted and re-created the session,
+    reads exactly what a fresh process reads at each step."""
+    from compactor import Compactor, CompactorOptions
+    from harness.pausing import FakeClock
+
+    sid = "paused-reader"
+
+    async def run() -> None:
+        reader = await open_store(s3_url, redis_url, redis_prefix)
+        other = await open_store(s3_url, redis_url, redis_prefix)
+
+        async def both_read() -> list[Any]:
+            fresh = await open_store(s3_url, redis_url, redis_prefix)
+            try:
+                expected = await SessionStoreSession(sid, fresh).get_items()
+            finally:
+                await fresh.close()
+            assert await SessionStoreSession(sid, reader).get_items() == expected
+            return expected
+
+        try:
+            o = SessionStoreSession(sid, other)
+            for start in range(0, 40, 4):
+                await o.add_items(_items("a", start, 4))
+            assert len(await both_read()) == 40
+            for start in range(40, 60, 4):
+                await o.add_items(_items("a", start, 4))
+            clock = FakeClock()
+            compactor = Compactor(other.sync, CompactorOptions(grace_ms=1000, worker="t"), now=clock)
+            assert compactor.compact_session(sid).outcome == "compacted"
+            clock.advance(10_000)
+            compactor.gc_session(sid)
+            inc = (await other.get_header(sid)).incarnation
+            assert other.sync.objects.head(other.sync.layout.segment(sid, inc, 12)) is None
+            await o.add_items(_items("b", 0, 2))
+            assert await both_read() == _items("a", 0, 60) + _items("b", 0, 2)
+            # A redaction of an item, then of a pop marker (which brings its item back).
+            data = await other.read_session(sid)
+            target = next(e["id"] for e in data.entries if (e.get("data") or {}).get("content") == "a 7")
+            await other.redact(sid, target, "test")
+            assert len(await both_read()) == 61
+            assert await o.pop_item() == _items("b", 1, 1)[0]
+            data = await other.read_session(sid)
+            marker = next(e["id"] for e in data.entries if e.get("customType") == POP_TYPE)
+            await other.redact(sid, marker, "test")
+            assert (await both_read())[-1] == _items("b", 1, 1)[0]
+            await o.clear_session()
+            await o.add_items(_items("c", 0, 1))
+            assert await both_read() == _items("c", 0, 1)
+            # Deleted and made again by another process: the reader starts over.
+            await other.delete_session(store_session_id(sid))
+            await o.add_items(_items("d", 0, 3))
+            assert await both_read() == _items("d", 0, 3)
+        finally:
+            await reader.close()
+            await other.close()
+
+    asyncio.run(run())

@@ -7,6 +7,9 @@ Metrics (rows ``{"framework", "backend", "metric", "value", "unit"}``):
 - ``append_ms_p50`` / ``append_ms_p99``: ``append_event`` of one event (a ~1 KB user message
   with a one-key state delta), one call after the other on one session object (200 calls;
   quick: 30).
+- ``append_object_writes`` / ``append_requests`` (the store only, as it counts what it sends):
+  one ``append_event`` with a session-scoped delta; ``append_user_state_*``: with a ``user:``
+  key in its delta (the shared scope is another store session: one more write).
 - ``resume_s_1k`` / ``resume_s_10k``: a fresh service (for the store: over a store opened
   beforehand, with no cache of the session; for SQLite: its tables prepared beforehand) reads
   a session of 1k / 10k events with ``get_session``; the median of a few reads. The sessions
@@ -184,6 +187,23 @@ async def _append_latency(backend: _Backend, sid: str, calls: int) -> list[float
     return sorted(times)
 
 
+async def _append_writes(backend: _Backend, sid: str, delta: dict[str, Any]) -> tuple[float, float]:
+    """Object-store writes (PUTs) and requests of one ``append_event`` with ``delta`` as its
+    state delta, as the store counts what it sends (the mean of 10 appends)."""
+    from google.adk.events.event import Event
+    from google.adk.events.event_actions import EventActions
+
+    service = backend.service
+    session = await service.create_session(app_name=APP, user_id=USER, session_id=sid)
+    await service.append_event(session, _event("warm", -1))
+    requests = service.store.sync.objects.requests
+    requests.clear()
+    for i in range(10):
+        await service.append_event(session, Event(author="user", invocation_id=f"w-{i}",
+                                                  actions=EventActions(state_delta={**delta, "n": i})))
+    return requests["put"] / 10, sum(requests.values()) / 10
+
+
 async def _resume(backend: _Backend, sid: str, n: int, reads: int) -> float:
     """Median seconds of ``get_session`` by a service that has never seen ``sid`` (opened
     before the clock starts: a process opens it once)."""
@@ -335,6 +355,13 @@ async def _run(objects_url: str, redis_url: str | None, workdir: Path, quick: bo
             times = await _append_latency(backend, sid, calls)
             rows.append(_row(backend.name, "append_ms_p50", _pct(times, 50), "ms"))
             rows.append(_row(backend.name, "append_ms_p99", _pct(times, 99), "ms"))
+            if backend.name == ADAPTER_BACKEND:
+                for label, delta in (("", {}), ("_user_state", {"user:seen": 1})):
+                    sid = f"writes{label}-{run_id}"
+                    created.append(sid)
+                    puts, total = await _append_writes(backend, sid, delta)
+                    rows.append(_row(backend.name, f"append{label}_object_writes", puts, "PUTs"))
+                    rows.append(_row(backend.name, f"append{label}_requests", total, "requests"))
             for n in sizes:
                 sid = f"resume-{n}-{run_id}"
                 created.append(sid)

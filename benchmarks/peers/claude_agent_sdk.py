@@ -14,7 +14,10 @@ Workload: a transcript written in 400 and in 4,000 flushes (quick: 400 only), ea
 ``append`` of a user and an assistant entry (Claude Code's shape, ~0.6 kB); then a cold load
 (a fresh store instance, nothing cached), its time and its requests (GET + LIST + HEAD); for
 the store also after one compaction (``compactor``). ``append_ms_p50``/``p99`` come from the
-400-flush transcript.
+400-flush transcript, as do ``append_object_writes`` and ``append_requests`` (per append after
+the first, as the store counts what it sends) and ``list_summaries_first_ms_400`` (the first
+``list_session_summaries`` of the writer process: the summary is folded from the transcript
+when listed, not written by ``append``).
 
 Standalone: ``python -c "from pathlib import Path; from benchmarks.peers.claude_agent_sdk import
 run; print(run('file:///tmp/ccb', None, Path('/tmp/ccw'), quick=True))"``.
@@ -163,15 +166,24 @@ async def _adapter_side(objects_url: str, redis_url: str | None, sizes: list[int
             key = {"project_key": "-work-bench", "session_id": session}
             times: list[float] = []
             parent = None
+            requests = writer.store.sync.objects.requests
             for i in range(n):
                 batch = _flush(session, i, parent)
                 parent = batch[-1]["uuid"]
+                if i == 1:
+                    requests.clear()  # the first append registers the transcript
                 t = time.perf_counter()
                 await writer.append(key, batch)  # type: ignore[arg-type]
                 times.append(time.perf_counter() - t)
             if n == sizes[0]:
                 rows.append(_row(OURS, "append_ms_p50", _pct(times, 50) * 1000, "ms"))
                 rows.append(_row(OURS, "append_ms_p99", _pct(times, 99) * 1000, "ms"))
+                rows.append(_row(OURS, "append_object_writes", requests["put"] / (n - 1), "PUTs"))
+                rows.append(_row(OURS, "append_requests", sum(requests.values()) / (n - 1), "requests"))
+                t = time.perf_counter()
+                listed = await writer.list_session_summaries("-work-bench")
+                rows.append(_row(OURS, f"list_summaries_first_ms_{n}", (time.perf_counter() - t) * 1000, "ms"))
+                assert len(listed) == 1
 
             async def cold(suffix: str, key: dict[str, str] = key, n: int = n) -> None:
                 sync = await asyncio.to_thread(SessionStore.from_url, objects_url, redis_url, **options)

@@ -12,6 +12,9 @@ Metrics (rows ``{"framework", "backend", "metric", "value", "unit"}``):
   items at a time (so the store holds 100 / 1,000 segments of 10, uncompacted). The store is
   also measured after one compaction (backend ``sessionstore+compacted``), the shape a session
   has in production, where the compactor runs. Quick: 1k only.
+- ``get_after_one_new_ms_1k`` / ``_10k`` (and, for the store, ``get_after_one_new_requests_*``:
+  the object-store requests the read sent): ``get_items()`` at the start of a turn by a process
+  that read the session at its last turn, one item added since by another session object.
 - ``lost_2_writers`` / ``lost_4_writers``: 2 / 4 writer processes each ``add_items`` N items
   (N=50; quick: 10), one per call, concurrently to one session; then a fresh reader counts the
   acknowledged items it does not see. ``extra_*``: items it sees more than once or that no
@@ -152,6 +155,41 @@ async def _resume(backend: _Backend, sid: str, n: int, reads: int) -> float:
     return statistics.median(times)
 
 
+async def _turn_read(backend: _Backend, sid: str, n: int) -> tuple[float, int | None]:
+    """``get_items()`` at the start of a turn: a process that read the session at its last
+    turn, one new item since (added by another session object). Seconds, and for the store the
+    object-store requests of that read (its own count of the requests it sent)."""
+    reader = _Backend(backend.name, db_path=backend.db_path, objects_url=backend.objects_url,
+                      redis_url=backend.redis_url, redis_prefix=backend.redis_prefix)
+    await reader.open()
+    try:
+        first = reader.session(sid)
+        try:
+            before = len(await first.get_items())
+        finally:
+            await reader.release(first)
+        writer = backend.session(sid)
+        try:
+            await writer.add_items([_item("turn", n)])
+        finally:
+            await backend.release(writer)
+        session = reader.session(sid)
+        requests = reader._store.sync.objects.requests if reader._store is not None else None
+        if requests is not None:
+            requests.clear()
+        try:
+            t0 = time.perf_counter()
+            items = await session.get_items()
+            dt = time.perf_counter() - t0
+        finally:
+            await reader.release(session)
+        if len(items) != before + 1:
+            raise AssertionError(f"{backend.name}: {len(items)} items after one new of {before}")
+        return dt, (sum(requests.values()) if requests is not None else None)
+    finally:
+        await reader.close()
+
+
 def _writer(backend: _Backend, sid: str, wid: int, count: int, start: Any, out: str) -> None:
     """A writer process: ``count`` items, one ``add_items`` each; records what was acknowledged."""
 
@@ -253,12 +291,16 @@ async def _run(objects_url: str, redis_url: str | None, workdir: Path, quick: bo
                 await _build(backend, sid, n)
                 label = f"resume_s_{n // 1000}k"
                 rows.append(_row(backend.name, label, await _resume(backend, sid, n, reads), "s"))
+                dt, requests = await _turn_read(backend, sid, n)
+                rows.append(_row(backend.name, f"get_after_one_new_ms_{n // 1000}k", dt * 1000, "ms"))
+                if requests is not None:
+                    rows.append(_row(backend.name, f"get_after_one_new_requests_{n // 1000}k", requests, "requests"))
                 if backend.name == ADAPTER_BACKEND:
                     from compactor import Compactor
 
                     await asyncio.to_thread(Compactor(backend._store.sync).compact_session, sid)
                     rows.append(_row(f"{ADAPTER_BACKEND}+compacted", label,
-                                     await _resume(backend, sid, n, reads), "s"))
+                                     await _resume(backend, sid, n + 1, reads), "s"))
             for writers in (2, 4):
                 sid = f"oa-writers-{writers}-{run_id}"
                 created.append(sid)

@@ -93,7 +93,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -120,6 +119,7 @@ from google.adk.sessions.base_session_service import (
 from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
 
+from store.adapters.names import digest, session_id_for
 from store.clock import iso_now
 from store.errors import (
     BackendError,
@@ -190,8 +190,7 @@ class StoreIds:
         self.namespace = namespace
 
     def _id(self, kind: str, *names: str) -> str:
-        digest = hashlib.sha256(json.dumps([kind, *names]).encode()).hexdigest()[:40]
-        return f"{self.namespace}-{kind}-{digest}"
+        return session_id_for("google-adk", kind, *names, namespace=self.namespace)
 
     def session(self, app_name: str, user_id: str, session_id: str) -> str:
         return self._id("s", app_name, user_id, session_id)
@@ -877,11 +876,11 @@ class SessionStoreSessionService(BaseSessionService):
         )
 
     async def _register_user(self, app_name: str, user_id: str) -> None:
-        digest = hashlib.sha256(json.dumps(user_id).encode()).hexdigest()[:40]
+        user_digest = digest(json.dumps(user_id), scheme="sha256-40")
         entry = {
             "type": "custom",
             "customType": USER_TYPE,
-            "id": f"user-{digest}",
+            "id": f"user-{user_digest}",
             "parentId": None,
             "timestamp": iso_now(),
             "data": {"userId": user_id},

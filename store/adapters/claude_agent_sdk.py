@@ -42,53 +42,35 @@ agrees on; each writer's calls in its own order).
 
 **The project index.** Per project, one more session, ``cc.<P>``, holds small records (pi
 ``custom`` entries of type ``claude-agent-sdk.index``): ``reg`` when a key's stream is created,
-``del`` when it is deleted (naming the incarnations it ended), and ``sum``: the SDK's
-``fold_session_summary`` output for a main transcript, with ``through`` (the transcript's
-last segment it folded) and ``mtime``. After each append to a main transcript the writer folds
-what the summary lacks (its own batch, when its segment holds nothing else, or the segments
-after ``through``, read incrementally: a segment may hold other writers' batches too, see
-``AppendResult.segment_entries``)
-and appends the new ``sum`` with ``expected_tail_entry_id`` = the index's tail it read: a
-compare-and-set (a ``sum`` whose fold changed nothing carries no ``data``, only ``through`` and
-``mtime``). On ``ConflictError`` it reads the index's new records and folds again, so
-concurrent appends never lose an update and the summary is always the fold of the transcript
-in commit order. ``list_sessions``, ``list_session_summaries`` and ``list_subkeys`` read only
-the project's index (incrementally after the first time): never the whole store. ``mtime``
-(both lists, one clock) is the epoch-ms time the writer stamped on the ``sum`` record just
-before committing it, kept increasing per session.
+``del`` when it is deleted (naming the incarnations it ended). Summaries are not written: an
+``append`` is one object write (its transcript's segment). ``list_sessions`` and
+``list_session_summaries`` read the index (incrementally), then fold each main transcript it
+lists with ``fold_session_summary``, only the segments this process has not folded yet, onto
+the fold it keeps (``AsyncSessionStore.read_since``): a fold of exactly what ``load`` returns.
+``mtime`` (both lists) is the newest write time appends stamp on their entries. (``sum``
+records of earlier versions only give the mtime of transcripts written before the stamps.)
 
-**Costs.** A steady append to a main transcript is two PUTs (its segment and the index's
-``sum``) and their Redis scripts; a subpath's is one. A cold ``load`` (a process that has read
-nothing yet) of an uncompacted transcript costs one GET per append plus the header and a
-probe (400 flushes: 404 requests); once the compactor has merged it (it is queued by the
-writers past 64 segments, ``python -m compactor`` runs the queue), four GETs (header,
-manifest, one base, the probe after it) and two LISTs of the manifests, at 400 as at 4,000
-flushes (``tests/test_adapter_claude_agent_sdk.py``, ``benchmarks/peers/claude_agent_sdk.py``).
-The index is compacted the same way; it holds one small record per append to a main
-transcript, so its bytes (not its requests) grow with the project's history.
+**Costs.** A steady append: one PUT and the store's two Redis scripts. A cold ``load`` of an
+uncompacted transcript reads its segments (Redis's recent-segments cache serves the newest);
+once the compactor has merged it, a few GETs whatever its length
+(``tests/test_adapter_claude_agent_sdk.py``, ``benchmarks/peers/claude_agent_sdk.py``). A
+listing costs, per main transcript, its new segments and a probe.
 
-A writer that dies between its transcript append and its ``sum`` leaves the summary behind
-until the next append to that session (``through`` makes it catch up); ``list_sessions`` then
-shows the older mtime. A ``delete`` racing with appends to the same key may leave the racing
+A ``delete`` racing with appends to the same key may leave the racing
 stream unlisted (the SDK deletes only when asked to).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import random
-import re
 import threading
 import uuid
-import weakref
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from claude_agent_sdk import fold_session_summary
 from claude_agent_sdk.types import (
@@ -100,6 +82,7 @@ from claude_agent_sdk.types import (
 )
 from claude_agent_sdk.types import SessionStore as SdkSessionStore
 
+from store.adapters.names import digest, session_id_for
 from store.clock import iso_now, now_ms
 from store.errors import (
     ConflictError,
@@ -110,7 +93,6 @@ from store.errors import (
     SessionNotFoundError,
     UnknownParentError,
 )
-from store.layout import check_session_id
 from store.records import EMPTY_TAIL, AppendResult, Header
 
 if TYPE_CHECKING:
@@ -133,15 +115,15 @@ INDEX_TYPE = "claude-agent-sdk.index"
 #: Key in a session header's ``pi_header`` naming the SDK key it holds.
 HEADER_KEY = "claudeAgentSdk"
 
-_SAFE_SID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _EPOCH_ISO = "1970-01-01T00:00:00.000Z"
 _MAX_UUID_ID = 200
+#: Transcripts a listing reads at once.
+_LIST_CONCURRENCY = 16
 
-_T = TypeVar("_T")
 
 
 def _h(text: str, size: int = 10) -> str:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=size).hexdigest()
+    return digest(text, scheme="blake2b", size=size)
 
 
 def _anchor(uuids: list[str | None], i: int) -> str:
@@ -226,6 +208,18 @@ class _ProjectState:
                         del self.subs[sid]
 
 
+@dataclass(frozen=True, slots=True)
+class _Fold:
+    """A main transcript's summary as this process last folded it: ``fold_session_summary``'s
+    ``data`` over segments 1..``seq`` of incarnation ``inc``, and the newest write time
+    (``mtime``, epoch ms) among them."""
+
+    inc: str
+    seq: int
+    data: dict[str, Any]
+    mtime: int
+
+
 @dataclass
 class _View:
     """This process's copy of a project index: read once, then only what was added."""
@@ -270,12 +264,9 @@ class ClaudeSessionStore(SdkSessionStore):
         self._resend_attempts = max(1, resend_attempts)
         self._summary_rounds = max(1, summary_rounds)
         self._views: dict[str, _View] = {}
+        #: Summaries folded so far, by transcript (store session id).
+        self._folds: dict[str, _Fold] = {}
         self._views_lock = threading.Lock()
-        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]]
-        self._locks = weakref.WeakKeyDictionary()
-        # For the few calls of the sync store that the async API has no method for
-        # (incremental reads, the cached header): off the loop like everything else.
-        self._pool = ThreadPoolExecutor(4, thread_name_prefix="sessionstore-claude")
         self._closed = False
 
     # --- construction --------------------------------------------------------------------------
@@ -307,7 +298,6 @@ class ClaudeSessionStore(SdkSessionStore):
         if self._closed:
             return
         self._closed = True
-        await asyncio.to_thread(self._pool.shutdown, wait=True)
         if self._owns:
             await self.store.close()
 
@@ -319,14 +309,9 @@ class ClaudeSessionStore(SdkSessionStore):
 
     # --- names ---------------------------------------------------------------------------------
 
-    def _project_hash(self, project_key: str) -> str:
-        if not isinstance(project_key, str) or not project_key:
-            raise InvalidInputError("project_key must be a non-empty string")
-        return _h(f"{self.namespace}\x00{project_key}" if self.namespace else project_key)
-
     def index_id(self, project_key: str) -> str:
         """The store session holding the project's index."""
-        return f"cc.{self._project_hash(project_key)}"
+        return session_id_for("claude-agent-sdk", project_key, namespace=self.namespace)
 
     async def list_projects(self) -> list[str]:
         """Every project key of this namespace that has an index in the store.
@@ -356,35 +341,12 @@ class ClaudeSessionStore(SdkSessionStore):
 
     def session_id_for(self, key: SessionKey | SessionListSubkeysKey) -> str:
         """The store session holding ``key``'s stream."""
-        sid = key["session_id"]
-        if not isinstance(sid, str) or not sid:
-            raise InvalidInputError("session_id must be a non-empty string")
-        s = sid if _SAFE_SID.fullmatch(sid) else "_" + _h(sid, 12)
-        name = f"cc.{self._project_hash(key['project_key'])}.{s}"
-        subpath = key.get("subpath")
-        if subpath is not None:
-            if not isinstance(subpath, str) or not subpath:
-                raise InvalidInputError("subpath must be a non-empty string (omit it for the main transcript)")
-            name += "." + _h(subpath)
-        return check_session_id(name)
+        names = [key["project_key"], key["session_id"]]
+        if key.get("subpath") is not None:
+            names.append(key["subpath"])  # type: ignore[typeddict-item]
+        return session_id_for("claude-agent-sdk", *names, namespace=self.namespace)
 
     # --- helpers -------------------------------------------------------------------------------
-
-    async def _io(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        if self._closed:
-            raise InvalidInputError("the store is closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
-
-    def _lock(self, name: str) -> asyncio.Lock:
-        loop = asyncio.get_running_loop()
-        locks = self._locks.get(loop)
-        if locks is None:
-            locks = self._locks[loop] = {}
-        lock = locks.get(name)
-        if lock is None:
-            lock = locks[name] = asyncio.Lock()
-        return lock
 
     async def _send(
         self, sid: str, entries: list[dict[str, Any]], expected: str | None = None
@@ -423,6 +385,7 @@ class ClaudeSessionStore(SdkSessionStore):
         sizes: list[int] = []
         seen: set[str] = set()
         prev: str | None = None
+        stamp = now_ms()  # the write time the listings report (``mtime``)
         for i, e in enumerate(entries):
             u = uuids[i]
             if u is not None:
@@ -441,6 +404,7 @@ class ClaudeSessionStore(SdkSessionStore):
                 "id": eid,
                 "parentId": prev,
                 "timestamp": ts if isinstance(ts, str) else _EPOCH_ISO,
+                "mtime": stamp,
                 "data": e,
             }
             if batch:
@@ -523,27 +487,8 @@ class ClaudeSessionStore(SdkSessionStore):
             return
         sid = self.session_id_for(key)
         chunks = self._wrap_batch(entries)
-        last: AppendResult | None = None
-        known: list[dict[str, Any]] | None = None
         for chunk in chunks:
-            res, committed = await self._append_chunk(key, sid, chunk)
-            if res is not None:
-                last, known = res, committed
-        if key.get("subpath") is not None:
-            return
-        if last is None:
-            # Everything was stored already: the summary may still lack it (its writer died
-            # before folding); fold whatever the tail holds.
-            try:
-                target = (await self.store.get_tail(sid)).seq
-            except SessionNotFoundError:
-                return
-            known = None
-        else:
-            target = last.seq
-            if len(chunks) > 1:
-                known = None
-        await self._summarize(key, sid, target, known)
+            await self._append_chunk(key, sid, chunk)
 
     async def load(self, key: SessionKey) -> list[SessionStoreEntry] | None:
         sid = self.session_id_for(key)
@@ -554,19 +499,67 @@ class ClaudeSessionStore(SdkSessionStore):
         return self._unwrap(entries)
 
     async def list_sessions(self, project_key: str) -> list[SessionStoreListEntry]:
-        view = await self._view(project_key)
-        with self._views_lock:
-            return [{"session_id": sid, "mtime": m.mtime} for sid, m in view.state.mains.items()]
+        return [{"session_id": sid, "mtime": fold.mtime} for sid, fold in await self._summaries(project_key)]
 
     async def list_session_summaries(self, project_key: str) -> list[SessionSummaryEntry]:
+        return [
+            {"session_id": sid, "mtime": fold.mtime, "data": json.loads(json.dumps(fold.data))}
+            for sid, fold in await self._summaries(project_key)
+        ]
+
+    async def _summaries(self, project_key: str) -> list[tuple[str, _Fold]]:
+        """Each main transcript the project's index lists, with its summary: the fold of the
+        transcript as ``load`` returns it, brought up to date from the segments this process
+        has not folded yet (``read_since``), read in parallel."""
         view = await self._view(project_key)
-        out: list[SessionSummaryEntry] = []
         with self._views_lock:
-            for sid, m in view.state.mains.items():
-                if m.summary is not None:
-                    out.append({"session_id": sid, "mtime": m.summary["mtime"],
-                                "data": json.loads(json.dumps(m.summary["data"]))})
-        return out
+            mains = {sid: m.mtime for sid, m in view.state.mains.items()}
+        gate = asyncio.Semaphore(_LIST_CONCURRENCY)
+
+        async def one(session_id: str) -> _Fold | None:
+            async with gate:
+                return await self._fold(project_key, session_id, mains[session_id])
+
+        folds = await asyncio.gather(*(one(sid) for sid in mains))
+        return [(sid, fold) for sid, fold in zip(mains, folds) if fold is not None]
+
+    async def _fold(self, project_key: str, session_id: str, listed_mtime: int) -> _Fold | None:
+        """The summary of one main transcript (None: it does not exist). Segments never change
+        within an incarnation, so a fold through segment n stays the fold of segments 1..n
+        for ever: what is new is folded onto it, in commit order, and the fold is kept."""
+        key: SessionKey = {"project_key": project_key, "session_id": session_id}
+        sid = self.session_id_for(key)
+        with self._views_lock:
+            known = self._folds.get(sid)
+        try:
+            changes = await self.store.read_since(
+                sid,
+                incarnation=known.inc if known is not None else None,
+                after_seq=known.seq if known is not None else 0,
+            )
+        except SessionNotFoundError:
+            with self._views_lock:
+                self._folds.pop(sid, None)
+            return None
+        prev: SessionSummaryEntry | None = None
+        mtime = listed_mtime
+        if known is not None and not changes.whole:
+            if not changes.entries:
+                return _Fold(known.inc, known.seq, known.data, max(known.mtime, listed_mtime))
+            prev = {"session_id": session_id, "mtime": known.mtime, "data": known.data}
+            mtime = max(mtime, known.mtime)
+        batch = self._unwrap(changes.entries)
+        for e in changes.entries:
+            stamp = e.get("mtime")
+            if isinstance(stamp, int) and not isinstance(stamp, bool):
+                mtime = max(mtime, stamp)
+        folded = fold_session_summary(prev, key, batch)
+        fold = _Fold(changes.header.incarnation, changes.seq, folded["data"], mtime or changes.header.created_at_ms)
+        with self._views_lock:
+            cur = self._folds.get(sid)
+            if cur is None or cur.inc != fold.inc or cur.seq <= fold.seq:
+                self._folds[sid] = fold
+        return fold
 
     async def list_subkeys(self, key: SessionListSubkeysKey) -> list[str]:
         view = await self._view(key["project_key"])
@@ -653,19 +646,19 @@ class ClaudeSessionStore(SdkSessionStore):
                 return view
             base = view.seq
             try:
-                fresh, last = await self._io(
-                    self.store.sync.reader.read_after, isid, view.header, base
+                changes = await self.store.read_since(
+                    isid, incarnation=view.header.incarnation, after_seq=base
                 )
             except SessionNotFoundError:
-                fresh, last = None, base
-            if fresh is not None:
+                changes = None
+            if changes is not None and not changes.whole:
                 with self._views_lock:
                     if self._views.get(isid) is view and view.seq == base:
-                        for _, e in fresh:
+                        for e in changes.entries:
                             view.state.apply(e)
-                        if fresh:
-                            view.tail = str(fresh[-1][1]["id"])
-                        view.seq = max(view.seq, last)
+                        if changes.entries:
+                            view.tail = str(changes.entries[-1]["id"])
+                        view.seq = max(view.seq, changes.seq)
                         return view
             # Another task moved the view meanwhile, or the index is gone: read it whole.
         try:
@@ -680,73 +673,6 @@ class ClaudeSessionStore(SdkSessionStore):
         with self._views_lock:
             self._views[isid] = new
         return new
-
-    async def _summarize(
-        self, key: SessionKey, sid: str, target: int, known: list[dict[str, Any]] | None
-    ) -> None:
-        """Make the project's summary of this transcript cover segment ``target`` (see the
-        module's docstring)."""
-        project_key, session_id = key["project_key"], key["session_id"]
-        main_key: SessionKey = {"project_key": project_key, "session_id": session_id}
-        isid = self.index_id(project_key)
-        async with self._lock(isid):
-            refresh = False
-            fresh_header = False
-            for round_ in range(self._summary_rounds):
-                view = await self._view(project_key, refresh=refresh, full=round_ > 0 and round_ % 10 == 0)
-                refresh = True
-                try:
-                    if fresh_header:
-                        header = await self.store.get_header(sid)
-                    else:
-                        header = await self._io(self.store.sync.headers.get, sid)
-                except SessionNotFoundError:
-                    return  # deleted meanwhile: nothing to summarise
-                inc = header.incarnation
-                if inc in view.state.dead:
-                    if fresh_header:
-                        return  # the transcript was deleted after this append
-                    fresh_header = True  # or the cached header is of an ended incarnation
-                    continue
-                main = view.state.mains.get(session_id)
-                cur = main.summary if main is not None else None
-                if cur is not None and cur["inc"] != inc:
-                    cur = None
-                through = cur["through"] if cur is not None else 0
-                if through >= target:
-                    return
-                if known is not None and through == target - 1:
-                    batch = self._unwrap(known)
-                    last = target
-                else:
-                    try:
-                        fresh, last = await self._io(
-                            self.store.sync.reader.read_after, sid, header, through
-                        )
-                    except SessionNotFoundError:
-                        return
-                    if last < target:
-                        fresh_header = True  # a cached header of an earlier incarnation
-                        continue
-                    batch = self._unwrap([e for _, e in fresh])
-                prev: SessionSummaryEntry | None = None
-                if cur is not None:
-                    prev = {"session_id": session_id, "mtime": cur["mtime"], "data": cur["data"]}
-                folded = fold_session_summary(prev, main_key, batch)
-                mtime = max(now_ms(), (main.mtime if main is not None else 0) + 1)
-                rec = {"op": "sum", "session_id": session_id, "inc": inc, "through": last,
-                       "mtime": mtime}
-                if cur is None or folded["data"] != cur["data"]:
-                    rec["data"] = folded["data"]
-                try:
-                    await self._index_append(project_key, [rec], view=view)
-                    return
-                except ConflictError:
-                    await asyncio.sleep(random.uniform(0, 0.002 * min(round_ + 1, 10)))
-                    continue
-            log.warning("summary of %s/%s left behind after %d rounds lost to other writers; "
-                        "the next append brings it up to date", project_key, session_id,
-                        self._summary_rounds)
 
 
 # --- Claude Code's on-disk layout -------------------------------------------------------------

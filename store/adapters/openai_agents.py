@@ -54,11 +54,14 @@ The SDK's ``session_settings`` (``SessionSettings(limit=...)``) is honoured as b
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import random
+import threading
 import uuid
+import weakref
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from agents.memory import SessionSettings
@@ -74,7 +77,8 @@ from store.errors import (
     SessionNotFoundError,
     UnknownParentError,
 )
-from store.layout import check_session_id
+from store.adapters.names import session_id_for
+from store.model.rules import REDACTION_TYPE, is_tombstone
 from store.records import EMPTY_TAIL, AppendResult
 
 if TYPE_CHECKING:
@@ -120,9 +124,30 @@ class InvalidItemError(InvalidInputError):
 
 def items_from_entries(entries: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     """The live items of a session, oldest first, as ``(entry id, item)``: the item entries in
-    commit order, without those a later pop or clear marker removed."""
+    commit order, without those a later pop or clear marker (or a redaction) removed."""
     live: dict[str, Any] = {}
+    if not _fold_items(live, entries):
+        from store.model.session import Session
+
+        live.clear()
+        _fold_items(live, list(Session({}, entries, validated=True).entries), applied=True)
+    return list(live.items())
+
+
+def _fold_items(live: dict[str, Any], entries: list[dict[str, Any]], *, applied: bool = False) -> bool:
+    """Fold ``entries`` (in commit order) into ``live`` (entry id -> item). False when one of
+    them is a redaction of something other than a live item (a marker, say): only the whole
+    session then tells what is live (``items_from_entries``). ``applied``: the redactions are
+    applied already (their targets are tombstones)."""
     for entry in entries:
+        if entry.get("type") == REDACTION_TYPE:
+            if applied:
+                continue
+            target = entry.get("targetId")
+            if not is_tombstone(entry) and target in live:
+                del live[target]  # a redacted item is a tombstone without data: gone
+                continue
+            return False
         if entry.get("type") != "custom":
             continue
         kind = entry.get("customType")
@@ -135,7 +160,65 @@ def items_from_entries(entries: list[dict[str, Any]]) -> list[tuple[str, Any]]:
                 live.pop(data["itemId"], None)
         elif kind == CLEAR_TYPE:
             live.clear()
-    return list(live.items())
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Items:
+    """A session's live items as this process last read them: through segment ``seq`` of
+    incarnation ``inc``, whose last entry is ``tail``. Never changed once made (copied)."""
+
+    inc: str
+    seq: int
+    tail: str
+    live: dict[str, Any]
+
+
+class _ItemCache:
+    """This process's copies of sessions' live items, per store (least recently used out
+    first): what lets a read fetch only the segments after the ones it holds. A copy can
+    only be behind, never wrong (segments never change within an incarnation), and a copy of
+    another incarnation is never extended: the read starts over."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, _Items] = OrderedDict()
+
+    def get(self, sid: str) -> _Items | None:
+        with self._lock:
+            got = self._items.get(sid)
+            if got is not None:
+                self._items.move_to_end(sid)
+            return got
+
+    def put(self, sid: str, items: _Items) -> None:
+        with self._lock:
+            cur = self._items.get(sid)
+            if cur is not None and cur.inc == items.inc and cur.seq > items.seq:
+                return  # another task of this process read further meanwhile
+            self._items[sid] = items
+            self._items.move_to_end(sid)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def drop(self, sid: str) -> None:
+        with self._lock:
+            self._items.pop(sid, None)
+
+
+#: Sessions whose items a process keeps per store.
+CACHED_SESSIONS = 256
+_CACHES: weakref.WeakKeyDictionary[Any, _ItemCache] = weakref.WeakKeyDictionary()
+_CACHES_LOCK = threading.Lock()
+
+
+def _cache_of(store: Any) -> _ItemCache:
+    with _CACHES_LOCK:
+        cache = _CACHES.get(store)
+        if cache is None:
+            cache = _CACHES[store] = _ItemCache(CACHED_SESSIONS)
+        return cache
 
 
 def store_session_id(session_id: str) -> str:
@@ -146,12 +229,7 @@ def store_session_id(session_id: str) -> str:
     store id is used as it is (``sessionstore show support-42`` finds it); any other string is
     mapped to ``oai-`` and the first 40 hex digits of its SHA-256, the same in every process.
     """
-    if not isinstance(session_id, str) or not session_id:
-        raise InvalidInputError("session_id must be a non-empty string")
-    try:
-        return check_session_id(session_id)
-    except InvalidInputError:
-        return "oai-" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+    return session_id_for("openai-agents", session_id)
 
 
 def _new_id() -> str:
@@ -270,15 +348,49 @@ class SessionStoreSession:
     # --- reads -------------------------------------------------------------------------------
 
     async def _read(self) -> tuple[list[tuple[str, Any]], str]:
-        """The live items and the tail they were read at (EMPTY_TAIL: no entry yet)."""
+        """The live items and the tail they were read at (EMPTY_TAIL: no entry yet).
+
+        Only what is new since this process last read the session is fetched
+        (``AsyncSessionStore.read_since``: the segments after the ones held, the probe after
+        them); the first read in a process, and a read of a session deleted and created
+        again since, read it whole."""
+        sid = self.store_session_id
+        cache = _cache_of(self.store)
+        known = cache.get(sid)
         try:
-            entries = await self.store.load_session_entries(self.store_session_id)
+            changes = await self.store.read_since(
+                sid,
+                incarnation=known.inc if known is not None else None,
+                after_seq=known.seq if known is not None else 0,
+            )
         except SessionNotFoundError:
+            cache.drop(sid)
             self._tail = EMPTY_TAIL
             return [], EMPTY_TAIL
-        tail = entries[-1]["id"] if entries else EMPTY_TAIL
+        if changes.whole or known is None:
+            live: dict[str, Any] = dict(items_from_entries(changes.entries))
+            tail = str(changes.entries[-1]["id"]) if changes.entries else EMPTY_TAIL
+        else:
+            live, tail = dict(known.live), known.tail
+            if changes.entries:
+                tail = str(changes.entries[-1]["id"])
+                if not _fold_items(live, changes.entries):
+                    cache.drop(sid)  # a redaction only the whole session can apply
+                    return await self._read()
+        cache.put(sid, _Items(changes.header.incarnation, changes.seq, tail, live))
         self._tail = tail
-        return items_from_entries(entries), tail
+        return list(live.items()), tail
+
+    def _note_append(self, entries: list[dict[str, Any]], result: AppendResult) -> None:
+        """Extend this process's copy with a batch it just appended, when that batch alone is
+        the segment right after the copy (else the next read fetches it)."""
+        cache = _cache_of(self.store)
+        known = cache.get(self.store_session_id)
+        if known is None or result.seq != known.seq + 1 or result.segment_entries != len(entries):
+            return
+        live = dict(known.live)
+        if _fold_items(live, entries):
+            cache.put(self.store_session_id, _Items(known.inc, result.seq, result.last_appended_entry_id, live))
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The session's items in chronological (commit) order; with ``limit`` (or
@@ -352,6 +464,7 @@ class SessionStoreSession:
             }
             try:
                 result = await self._append([marker], tail)
+                self._note_append([marker], result)
             except ConflictError:
                 continue  # another writer got in first: read again
             except SessionNotFoundError:
@@ -390,6 +503,7 @@ class SessionStoreSession:
             await _finish(self.store.delete_session(self.store_session_id))
         except SessionNotFoundError:
             pass
+        _cache_of(self.store).drop(self.store_session_id)
         self._tail = None
 
     # --- the store ---------------------------------------------------------------------------
@@ -420,8 +534,9 @@ class SessionStoreSession:
         rounds = 0
         for _ in range(_MAX_APPEND_ROUNDS):
             strict = rounds < self._cas_rounds
+            entries = batch(parent or None)
             try:
-                result = await self._append(batch(parent or None), parent if strict else None)
+                result = await self._append(entries, parent if strict else None)
             except ConflictError as exc:
                 rounds += 1
                 parent = exc.actual_tail_entry_id or EMPTY_TAIL
@@ -441,6 +556,7 @@ class SessionStoreSession:
                 parent = EMPTY_TAIL
                 continue
             self._tail = result.last_appended_entry_id
+            self._note_append(entries, result)
             return
         raise ContentionError(
             f"session {self.session_id!r}: the session was deleted and created again "

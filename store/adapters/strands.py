@@ -122,6 +122,7 @@ from strands.types.session import (
 
 from store.clock import iso_now
 from store.core import SessionStore
+from store.adapters.names import session_id_for
 from store.errors import (
     IndeterminateError,
     InvalidInputError,
@@ -129,10 +130,15 @@ from store.errors import (
     SessionNotFoundError,
     UnknownParentError,
 )
-from store.layout import check_session_id
 
 if TYPE_CHECKING:
     from strands.multiagent.base import MultiAgentBase
+
+
+def _store_id(session_id: str) -> str:
+    """The store session of a Strands session: its own id (``store.adapters.names``)."""
+    return session_id_for("strands", session_id)
+
 
 __all__ = [
     "AGENT_TYPE",
@@ -467,7 +473,7 @@ class SessionStoreRepository(SessionRepository):
 
     def create_session(self, session: Session, **kwargs: Any) -> Session:
         """Create the session; ``SessionExistsInStoreError`` if it exists."""
-        sid = check_session_id(session.session_id)
+        sid = _store_id(session.session_id)
         record = _as_json(
             {
                 "session_id": sid,
@@ -487,7 +493,7 @@ class SessionStoreRepository(SessionRepository):
 
     def read_session(self, session_id: str, **kwargs: Any) -> Session | None:
         try:
-            header = self._ss_store.get_header(check_session_id(session_id))
+            header = self._ss_store.get_header(_store_id(session_id))
         except SessionNotFoundError:
             return None
         record = header.pi_header.get(HEADER_KEY)
@@ -499,7 +505,7 @@ class SessionStoreRepository(SessionRepository):
 
     def delete_session(self, session_id: str, **kwargs: Any) -> None:
         """Delete the session and everything in it (``SessionNotFoundInStoreError`` if none)."""
-        sid = check_session_id(session_id)
+        sid = _store_id(session_id)
         try:
             self._ss_store.delete_session(sid)
         except SessionNotFoundError as exc:
@@ -515,7 +521,7 @@ class SessionStoreRepository(SessionRepository):
     # --- agents ------------------------------------------------------------------------------
 
     def create_agent(self, session_id: str, session_agent: SessionAgent, **kwargs: Any) -> None:
-        sid = check_session_id(session_id)
+        sid = _store_id(session_id)
         agent_id = _check_str(session_agent.agent_id, "agent_id")
         record = _as_json(session_agent.to_dict(), f"agent {agent_id!r}")
         self._append(sid, AGENT_TYPE, {"agentId": agent_id, "agent": record})
@@ -523,13 +529,13 @@ class SessionStoreRepository(SessionRepository):
             self._ss_agents.setdefault((sid, agent_id), session_agent.created_at)
 
     def read_agent(self, session_id: str, agent_id: str, **kwargs: Any) -> SessionAgent | None:
-        view = self._view(check_session_id(session_id))
+        view = self._view(_store_id(session_id))
         record = None if view is None else view.agents.get(agent_id)
         return None if record is None else _to_session_agent(record)
 
     def update_agent(self, session_id: str, session_agent: SessionAgent, **kwargs: Any) -> None:
         """Store the agent's new snapshot (``NotFoundInSessionError`` if it has none)."""
-        sid = check_session_id(session_id)
+        sid = _store_id(session_id)
         agent_id = _check_str(session_agent.agent_id, "agent_id")
         key = (sid, agent_id)
         with self._ss_lock:
@@ -549,7 +555,7 @@ class SessionStoreRepository(SessionRepository):
         self, session_id: str, agent_id: str, session_message: SessionMessage, **kwargs: Any
     ) -> None:
         """Append the message; it never replaces another, whatever its ``message_id``."""
-        sid = check_session_id(session_id)
+        sid = _store_id(session_id)
         _check_str(agent_id, "agent_id")
         index = _check_index(session_message.message_id)
         record = _as_json(session_message.to_dict(), f"message {index}")
@@ -570,7 +576,7 @@ class SessionStoreRepository(SessionRepository):
     ) -> SessionMessage | None:
         """The message at reading position ``message_id``; None if there is none."""
         index = _check_index(message_id)
-        view = self._view(check_session_id(session_id))
+        view = self._view(_store_id(session_id))
         if view is None or index < 0:
             return None
         msgs = view.messages.get(agent_id, [])
@@ -586,7 +592,7 @@ class SessionStoreRepository(SessionRepository):
         The message is the one this adapter created or read as ``session_message`` (its entry
         id travels with the object), else the one at reading position ``message_id``.
         """
-        sid = check_session_id(session_id)
+        sid = _store_id(session_id)
         _check_str(agent_id, "agent_id")
         index = _check_index(session_message.message_id)
         target = _marked_entry(session_message, sid, agent_id)
@@ -611,7 +617,7 @@ class SessionStoreRepository(SessionRepository):
             raise InvalidInputError(f"offset must be an integer >= 0, not {offset!r}")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise InvalidInputError(f"limit must be None or an integer >= 0, not {limit!r}")
-        view = self._existing_view(check_session_id(session_id))
+        view = self._existing_view(_store_id(session_id))
         msgs = view.messages.get(agent_id, [])[offset:]
         return [_mark(m, session_id, agent_id, msgs[i].entry_id)
                 for i, m in enumerate(view.session_messages(agent_id, offset, limit))]
@@ -619,7 +625,7 @@ class SessionStoreRepository(SessionRepository):
     # --- multi-agent -------------------------------------------------------------------------
 
     def create_multi_agent(self, session_id: str, multi_agent: MultiAgentBase, **kwargs: Any) -> None:
-        sid = check_session_id(session_id)
+        sid = _store_id(session_id)
         ma_id = _check_str(multi_agent.id, "multi-agent id")
         state = _as_json(multi_agent.serialize_state(), f"multi-agent {ma_id!r}")
         self._append(sid, MULTI_AGENT_TYPE, {"multiAgentId": ma_id, "state": state})
@@ -627,12 +633,12 @@ class SessionStoreRepository(SessionRepository):
             self._ss_multi.add((sid, ma_id))
 
     def read_multi_agent(self, session_id: str, multi_agent_id: str, **kwargs: Any) -> dict[str, Any] | None:
-        view = self._view(check_session_id(session_id))
+        view = self._view(_store_id(session_id))
         state = None if view is None else view.multi_agents.get(multi_agent_id)
         return None if state is None else copy.deepcopy(state)
 
     def update_multi_agent(self, session_id: str, multi_agent: MultiAgentBase, **kwargs: Any) -> None:
-        sid = check_session_id(session_id)
+        sid = _store_id(session_id)
         ma_id = _check_str(multi_agent.id, "multi-agent id")
         with self._ss_lock:
             known = (sid, ma_id) in self._ss_multi
@@ -666,7 +672,7 @@ class SessionStoreSessionManager(RepositorySessionManager, SessionStoreRepositor
         store_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        check_session_id(session_id)  # before any store is made or anything written
+        _store_id(session_id)  # before any store is made or anything written
         owns = store is None
         if store is None:
             objects_url = objects_url or os.environ.get(ENV_OBJECTS) or Path(DEFAULT_DIR).absolute().as_uri()

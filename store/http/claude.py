@@ -4,7 +4,7 @@
 with these routes; behind them is the Python adapter (``store.adapters.claude_agent_sdk``),
 so a transcript written from TypeScript and one written from Python are the same transcript,
 with the same guarantees (uuids stored once however often sent, each writer's order kept,
-summaries folded under compare-and-set). Each tenant is a namespace of its own.
+summaries folded from the transcripts when listed). Each tenant is a namespace of its own.
 
 Every route is ``POST /v1/claude/<method>`` with a JSON body (keys hold any characters, so
 they travel in bodies, not in paths), in the TypeScript SDK's own field names:

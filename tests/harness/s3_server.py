@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
 import threading
 import urllib.parse
 import urllib.request
@@ -28,6 +29,7 @@ from typing import Any
 __all__ = [
     "LOCKED_METHODS",
     "S3Server",
+    "ServerRequests",
     "install_moto_write_lock",
     "moto_write_lock",
     "moto_write_lock_bypassed",
@@ -234,3 +236,56 @@ def s3_url(bucket: str, prefix: str, endpoint_url: str, region: str | None = "us
     if region:
         query["region"] = region
     return f"s3://{bucket}{path}?{urllib.parse.urlencode(query, safe=':/')}"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class ServerRequests:
+    """Requests as moto's server saw them, counted at the server (its request log), for the
+    bucket given: ``with ServerRequests(bucket) as seen: ...``; then ``seen.count("GET")``,
+    ``seen.lines``. Only for the in-process :class:`S3Server`. The server logs a request as it
+    sends the response's status line, so every request whose answer the client has is in."""
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket = bucket
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        self._handler: logging.Handler | None = None
+        self._level = logging.NOTSET
+
+    def __enter__(self) -> ServerRequests:
+        seen = self
+
+        class _Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                text = _ANSI.sub("", record.getMessage())  # werkzeug colours some lines
+                if f" /{seen.bucket}" in text or f"/{seen.bucket}/" in text or f"/{seen.bucket}?" in text:
+                    with seen._lock:
+                        seen.lines.append(text)
+
+        logger = logging.getLogger("werkzeug")
+        self._level = logger.level
+        self._handler = _Handler(logging.INFO)
+        logger.addHandler(self._handler)
+        logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logger = logging.getLogger("werkzeug")
+        if self._handler is not None:
+            logger.removeHandler(self._handler)
+        logger.setLevel(self._level)
+
+    def count(self, method: str | None = None, *, containing: str = "") -> int:
+        """Requests seen (of ``method``; whose request line holds ``containing``)."""
+        with self._lock:
+            lines = list(self.lines)
+        return sum(
+            1 for line in lines
+            if (method is None or f'"{method} ' in line) and containing in line
+        )
+
+    def clear(self) -> None:
+        with self._lock:
+            self.lines.clear()
