@@ -461,7 +461,7 @@ class Reader:
             if hint is None or hint.cseq <= last:
                 end = through if through is not None else max(last, hint.seq if hint else last)
                 got = self._segments_after(sid, header, last, end, probe=through is None,
-                                           redis_ok=hint is not None, cache=cache)
+                                           redis_ok=hint is not None, cache=cache, hint=hint)
                 if got is not None:
                     return got
         else:
@@ -482,11 +482,12 @@ class Reader:
 
     def _segments_after(
         self, sid: str, header: Header, last: int, end: int, *, probe: bool, redis_ok: bool,
-        cache: SegmentCache | None,
+        cache: SegmentCache | None, hint: TailState | None = None,
     ) -> tuple[list[tuple[int, dict[str, Any]]], int] | None:
-        """Segments ``last+1..end`` (the cache's, else one parallel round of GETs) and, with
-        ``probe``, every segment after them until a 404 that is the true end; None when one
-        of them is gone or the end may have been retired (the caller reads whole)."""
+        """Segments ``last+1..end`` (the cache's, else those Redis's recent-segments cache in
+        ``hint`` holds, else one parallel round of GETs) and, with ``probe``, every segment
+        after them until a 404 that is the true end; None when one of them is gone or the end
+        may have been retired (the caller reads whole)."""
         ctx, inc, schema = self.ctx, header.incarnation, header.schema
         seqs = range(last + 1, end + 1)
         kept = cache.run(sid, inc, last + 1, end) if cache is not None and seqs else None
@@ -494,10 +495,14 @@ class Reader:
         got: list[tuple[Entries, int] | None]
         if kept is not None:
             got = [(seg, 0) for seg in kept]
-        elif len(seqs) == 1:
-            got = [self._get_segment(sid, inc, seqs[0], schema)]
         else:
-            got = list(ctx.pool.map(lambda s: self._get_segment(sid, inc, s, schema), seqs))
+            recent = self._recent_segments(sid, inc, list(seqs), hint, EntryIds()) if hint is not None else {}
+            missing = [s for s in seqs if s not in recent]
+            if len(missing) == 1:
+                fetched = {missing[0]: self._get_segment(sid, inc, missing[0], schema)}
+            else:
+                fetched = dict(zip(missing, ctx.pool.map(lambda s: self._get_segment(sid, inc, s, schema), missing)))
+            got = [recent[s].result() if s in recent else fetched[s] for s in seqs]
         if any(g is None for g in got):
             if probing is not None:
                 _drain((), probing)
@@ -511,7 +516,8 @@ class Reader:
         seq = end
         if probing is None:
             return out, seq
-        for seq, (seg_entries, size) in self._segments_from(sid, inc, schema, end + 1, probing.result()):
+        probed = probing.result()  # None: the probe's 404, the end (checked below)
+        for seq, (seg_entries, size) in self._segments_from(sid, inc, schema, end + 1, probed) if probed else ():
             out.extend((seq, e) for e in seg_entries)
             if cache is not None:
                 cache.add(sid, inc, seq, seg_entries, size)
@@ -527,15 +533,10 @@ class Reader:
         within an incarnation and its number is never used again, so the new entries are
         exactly the segments after ``after_seq``, however long the caller paused.
 
-        1. One Redis round trip: the tail and the recent-segments cache; the header from the
-           process's cache while Redis names its incarnation, else one GET.
-        2. When Redis says no manifest retired a segment after ``after_seq`` (``cseq``): in one
-           parallel round, the segments after ``after_seq`` up to Redis's tail (decoded from
-           the recent-segments cache when it holds them) and the probe of the slot after it.
-        3. After the probe's 404, Redis's ``retired_through`` must say that slot was never
-           retired (``_end_is_true``), or that 404 may have been a deleted segment.
-        4. Anything else (no hint, a manifest past ``after_seq``, a segment gone meanwhile):
-           ``read_after``, the follower's read (a whole read, filtered, if it must).
+        One Redis round trip (the tail); the header from the process's cache while Redis
+        names its incarnation, else one GET; then :meth:`read_after` with that tail: the
+        segments after ``after_seq`` and the probe in one parallel round, or a whole read,
+        filtered, when it must.
         """
         ctx = self.ctx
         state = self._tail(sid)
@@ -548,40 +549,8 @@ class Reader:
             data = self.read(sid, header, use_hint=True, state=hint)
             seqs = [0] * len(data.inherited) + data.seqs
             return SessionChanges(data.header, True, list(data.all_entries), seqs, data.seq)
-        if hint is not None and hint.cseq <= after_seq:
-            try:
-                entries, seqs, seq = self._segments_since(sid, header, hint, after_seq)
-            except SegmentRetired:
-                pass
-            else:
-                if self._end_is_true(sid, inc, None, seq + 1, redis_ok=True):
-                    return SessionChanges(header, False, entries, seqs, seq)
-        fresh, seq = self.read_after(sid, header, after_seq)
+        fresh, seq = self.read_after(sid, header, after_seq, tail=hint)
         return SessionChanges(header, False, [e for _, e in fresh], [s for s, _ in fresh], seq)
-
-    def _segments_since(
-        self, sid: str, header: Header, hint: TailState, after_seq: int
-    ) -> tuple[Entries, list[int], int]:
-        """Segments ``after_seq`` + 1.. up to the first 404, the known ones and the probe in
-        one parallel round (``read_since``, step 2)."""
-        ctx, inc = self.ctx, header.incarnation
-        ids = EntryIds()
-        known = list(range(after_seq + 1, hint.seq + 1))
-        probing = ctx.pool.submit(self._get_segment, sid, inc, max(hint.seq, after_seq) + 1, header.schema, ids)
-        cached = self._recent_segments(sid, inc, known, hint, ids)
-        segments = {
-            s: cached[s] if s in cached else ctx.pool.submit(self._get_segment, sid, inc, s, header.schema, ids)
-            for s in known
-        }
-        entries: Entries = []
-        seqs: list[int] = []
-        try:
-            seq, _ = self._take_segments(known, segments, entries, seqs, after_seq)
-        except SegmentRetired:
-            _drain(segments.values(), probing)
-            raise
-        seq, _ = self._probe(sid, inc, header.schema, probing, entries, seqs, seq, 0, ids)
-        return entries, seqs, seq
 
     def fork_path(self, fork: ForkPoint) -> Entries:
         """The source's path root..fork point (which is immutable once written)."""

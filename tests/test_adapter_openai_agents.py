@@ -663,7 +663,7 @@ def test_a_turn_reads_only_the_new_item_counted_at_the_server(
                 got = await SessionStoreSession(sid, reader).get_items()  # a fresh object
             assert got == history
             # The new segment and the probe after it, in one parallel round; no LIST.
-            assert seen.count() == 2 and seen.count("GET") == 2, seen.lines
+            assert seen.count() == 2 and seen.count("GET") == 2, "\n".join(l[-120:] for l in seen.lines)
             with ServerRequests(s3_location.bucket) as seen:
                 assert await SessionStoreSession(sid, reader).pop_item() == history[-1]
             # Nothing new: the probe; then the pop marker's PUT.
