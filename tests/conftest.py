@@ -9,7 +9,7 @@ faults, outages, multi-process and soak tests) run once per backend (test ids ``
 ``[seaweedfs]``); every other S3 test (features used through the public API: adapters, CLI,
 HTTP, pi files, ...) runs on the first selected backend only. ``SESSIONSTORE_TEST_S3_EVERY=1``
 runs every S3 test on every selected backend.
-These environment variables change that (see infra/README.md and the README):
+These environment variables change that (see infra/README.md and docs/reliability.md):
 
 * ``SESSIONSTORE_TEST_S3_BACKENDS``: a comma-separated subset of ``moto,seaweedfs`` (default
   both). Without a ``weed`` binary the SeaweedFS tests are skipped, except under ``CI`` (set

@@ -1,9 +1,10 @@
-"""The README's Python runs as written and prints what the README says it prints: each
-```python block of it, as a script of its own, in a fresh directory, with nothing configured
-(the embedded default), in a child process; the ```text block after it ("It prints:") is its
-standard output, line for line, ``...`` standing for what changes from run to run. Whatever a
-block leaves behind (its store, an embedded redis-server, a temporary directory) is checked
-and removed."""
+"""The README's Python, and the docs' (docs/*.md), runs as written and prints what the page
+says it prints: each ```python block, as a script of its own, in a fresh directory, with
+nothing configured (the embedded default), in a child process; the ```text block after it
+("It prints:") is its standard output, line for line, ``...`` standing for what changes from
+run to run. Every ```python block of these pages must be such an example: a block that is not
+run cannot be shown to be right. Whatever a block leaves behind (its store, an embedded
+redis-server, a temporary directory) is checked and removed."""
 
 from __future__ import annotations
 
@@ -19,17 +20,45 @@ from test_cli import subprocess_env
 
 from store.embedded import EmbeddedRedis
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-TEXT = README.read_text()
-BLOCKS = re.findall(r"^```python\n(.*?)^```\n", TEXT, re.S | re.M)
-#: (code, expected output) of every block followed by its output.
-EXAMPLES = re.findall(r"^```python\n(.*?)^```\n\nIt prints[^\n]*:\n\n```text\n(.*?)^```\n", TEXT, re.S | re.M)
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+#: The pages whose ```python blocks run: the README first, then every doc.
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^```python\n(.*?)^```\n", re.S | re.M)
+EXAMPLE = re.compile(r"^```python\n(.*?)^```\n\nIt prints[^\n]*:\n\n```text\n(.*?)^```\n", re.S | re.M)
+
+
+def _page_name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+TEXTS = {_page_name(page): page.read_text() for page in PAGES}
+TEXT = TEXTS["README.md"]
+BLOCKS = BLOCK.findall(TEXT)
+#: (page, code, expected output) of every block followed by its output, README's first.
+PAGE_EXAMPLES = [(name, code, out) for name, text in TEXTS.items() for code, out in EXAMPLE.findall(text)]
+#: (code, expected output) of every example of every page.
+EXAMPLES = [(code, out) for _, code, out in PAGE_EXAMPLES]
 
 
 def test_the_readme_has_python_to_run_and_says_what_each_block_prints() -> None:
     assert BLOCKS, "no ```python block in README.md"
-    without = [code.splitlines()[0] for code in BLOCKS if code not in {c for c, _ in EXAMPLES}]
+    without = [code.splitlines()[0] for code in BLOCKS if code not in {c for c, _ in EXAMPLE.findall(TEXT)}]
     assert without == [], f"README blocks without an 'It prints:' ```text block after them: {without}"
+
+
+def test_every_python_block_of_the_docs_says_what_it_prints() -> None:
+    """A ```python block in a doc is an example that runs, or it is not ```python."""
+    without = [(name, code.splitlines()[0]) for name, text in TEXTS.items()
+               for code in BLOCK.findall(text) if code not in {c for c, _ in EXAMPLE.findall(text)}]
+    assert without == [], f"```python blocks without an 'It prints:' ```text block after them: {without}"
+
+
+def test_the_examples_moved_out_of_the_readme_are_still_run() -> None:
+    """The examples that once lived in the README run from the doc that holds them now."""
+    pages = {name for name, _, _ in PAGE_EXAMPLES}
+    assert {"README.md", "docs/library.md", "docs/adapters.md", "docs/http.md", "docs/lifecycle.md",
+            "docs/encryption.md"} <= pages, sorted(pages)
 
 
 def output_matches(expected: str, got: str) -> bool:
@@ -53,7 +82,8 @@ def test_output_matching_can_fail() -> None:
     assert not output_matches("20", "21")
 
 
-@pytest.mark.parametrize("index", range(len(EXAMPLES)))
+@pytest.mark.parametrize("index", range(len(EXAMPLES)),
+                         ids=[f"{name}-{i}" for i, (name, _, _) in enumerate(PAGE_EXAMPLES)])
 def test_a_readme_python_block_runs_as_written_and_prints_what_the_readme_says(index: int, tmp_path: Path) -> None:
     code, expected = EXAMPLES[index]
     work = tmp_path / "work"
@@ -66,11 +96,11 @@ def test_a_readme_python_block_runs_as_written_and_prints_what_the_readme_says(i
     try:
         proc = subprocess.run([sys.executable, str(script)], cwd=work, capture_output=True, text=True,
                               env=subprocess_env(TMPDIR=str(temp)), timeout=180)
-        assert proc.returncode == 0, f"README block {index} failed:\n{proc.stdout}\n{proc.stderr}"
+        assert proc.returncode == 0, f"{PAGE_EXAMPLES[index][0]} block {index} failed:\n{proc.stdout}\n{proc.stderr}"
         assert "Traceback" not in proc.stderr
         assert output_matches(expected, proc.stdout), (
-            f"README block {index} printed\n{proc.stdout}\nwhere the README says\n{expected}")
-        assert left_behind(temp) == [], f"README block {index} left {left_behind(temp)} behind"
+            f"{PAGE_EXAMPLES[index][0]} block {index} printed\n{proc.stdout}\nwhere the page says\n{expected}")
+        assert left_behind(temp) == [], f"{PAGE_EXAMPLES[index][0]} block {index} left {left_behind(temp)} behind"
     finally:
         # Whatever embedded server the block started (it says so on close): stop it, then
         # remove the block's store.
