@@ -122,10 +122,11 @@ class Compactor:
         fault_hook: FaultHook | None = None,
     ) -> None:
         self.store = store
+        self.ctx = store.ctx
         self.options = options or CompactorOptions()
         self.now = now
         self.fault_hook = fault_hook
-        self._gc = GarbageCollector(store, self.options, now=now, fault_hook=fault_hook)
+        self._gc = GarbageCollector(self.ctx, self.options, now=now, fault_hook=fault_hook)
 
     @property
     def worker(self) -> str:
@@ -174,10 +175,11 @@ class Compactor:
 
     def _compact_once(self, sid: str) -> CompactionResult:
         store = self.store
+        ctx = self.ctx
         header = store.get_header(sid)
         inc = header.incarnation
         started_ms = self.now()
-        previous = store.manifests.latest(sid, inc)
+        previous = ctx.manifests.latest(sid, inc)
         first = previous.through_seq + 1 if previous else 1
         segments, more, incoming = self._segments_from(sid, inc, first)
         if not segments:
@@ -214,9 +216,9 @@ class Compactor:
             sid, inc, gen, previous, scan, bases, (first_seq, last_seq), purged, started_ms,
             finished_ms, segments,
         )
-        mkey = store.layout.manifest(sid, inc, gen)
+        mkey = ctx.layout.manifest(sid, inc, gen)
         self.fault("compact.before_manifest", session_id=sid, generation=gen, key=mkey)
-        if not store.manifests.create(sid, inc, gen, manifest, token):
+        if not ctx.manifests.create(sid, inc, gen, manifest, token):
             writer.delete_all()
             log.info(
                 "lost the race for a manifest",
@@ -225,12 +227,12 @@ class Compactor:
             return CompactionResult(sid, "lost", generation=gen, manifest_key=mkey)
         self.fault("compact.after_manifest", session_id=sid, generation=gen, key=mkey)
         try:
-            store.coord.compacted(sid, inc, len(segments), scan.segment_bytes, last_seq, gen)
+            ctx.coord.compacted(sid, inc, len(segments), scan.segment_bytes, last_seq, gen)
         except BackendError as exc:
             log.warning("pending counters not updated", extra={"session_id": sid, "error": str(exc)})
         # GC schedule (compactor/schedule.py): what this manifest retired is due one grace
         # period from now (taken after the create: never before the manifest's own time).
-        schedule_gc(store, sid, self.now() + self.options.grace_ms)
+        schedule_gc(ctx.coord, sid, self.now() + self.options.grace_ms)
         result = CompactionResult(
             sid,
             "compacted",
@@ -264,12 +266,12 @@ class Compactor:
     def _segments_from(self, sid: str, inc: str, first: int) -> tuple[list[tuple[int, str]], bool, int]:
         """Segments first, first+1, ... up to the first gap; (at most max_segments, more?,
         their bytes as listed)."""
-        layout = self.store.layout
+        layout = self.ctx.layout
         prefix = layout.segment_prefix(sid, inc)
         start_after = layout.segment(sid, inc, first - 1) if first > 1 else None
         limit = self.options.max_segments
-        infos = self.store.options.retry.call(
-            lambda: list(itertools.islice(self.store.objects.list(prefix, start_after), limit + 1))
+        infos = self.ctx.options.retry.call(
+            lambda: list(itertools.islice(self.ctx.objects.list(prefix, start_after), limit + 1))
         )
         numbers: list[int] = []
         sizes: dict[int, int] = {}
@@ -286,7 +288,7 @@ class Compactor:
 
     def _get(self, key: str) -> Any:
         try:
-            return self.store.options.retry.call(lambda: self.store.objects.get(key))
+            return self.ctx.options.retry.call(lambda: self.ctx.objects.get(key))
         except ObjectNotFoundError:
             raise _SourceGone(key) from None
 
@@ -297,9 +299,9 @@ class Compactor:
         The spool is a local temporary file: the compactor's host holds plaintext while it
         works, as it holds the keys (docs/encryption.md, threat model)."""
         if not is_sealed(data):
-            self.store.keys.open(key, data)  # refuses a plaintext object of an encrypted session
+            self.ctx.keys.open(key, data)  # refuses a plaintext object of an encrypted session
             return data, checksum
-        plain = self.store.keys.open(key, data)
+        plain = self.ctx.keys.open(key, data)
         return plain, hashlib.sha256(plain).hexdigest()
 
     def _known_redactions(self, sid: str, inc: str, previous: Manifest | None) -> RedactionIndex | None:
@@ -311,7 +313,7 @@ class Compactor:
         try:
             return RedactionIndex.from_json(previous.raw["redactions"])
         except ValueError as exc:
-            key = self.store.layout.manifest(sid, inc, previous.generation)
+            key = self.ctx.layout.manifest(sid, inc, previous.generation)
             raise CorruptObjectError(key, 0, str(exc)) from None
 
     def _unmet_targets(self, scan: _Scan, known: RedactionIndex | None, spool: IO[bytes]) -> set[str]:
@@ -441,7 +443,7 @@ class Compactor:
             if unchecked and previous is not None:
                 if base_entries != sum(previous.seq_counts):
                     raise CorruptObjectError(
-                        self.store.layout.manifest(sid, inc, previous.generation),
+                        self.ctx.layout.manifest(sid, inc, previous.generation),
                         0,
                         f"bases hold {base_entries} entries, the manifest counts "
                         f"{sum(previous.seq_counts)}",
@@ -529,7 +531,7 @@ class Compactor:
         finished_ms: int,
         segments: list[tuple[int, str]],
     ) -> dict[str, Any]:
-        layout = self.store.layout
+        layout = self.ctx.layout
         retired: list[str] = []
         kept = {str(b["key"]) for b in scan.kept}
         if previous is not None:
@@ -615,14 +617,14 @@ class _BaseWriter:
             return
         data = b"".join(self._parts)
         self._parts.clear()
-        store = self._compactor.store
-        key = store.layout.base(self._sid, self._inc, f"{self._stem}-{len(self.bases):05d}")
+        ctx = self._compactor.ctx
+        key = ctx.layout.base(self._sid, self._inc, f"{self._stem}-{len(self.bases):05d}")
         if self._sealed:
-            data = store.keys.seal(self._sid, self._inc, data, fresh=not self._newest_checked)
+            data = ctx.keys.seal(self._sid, self._inc, data, fresh=not self._newest_checked)
             self._newest_checked = True
         sha = hashlib.sha256(data).hexdigest()
         try:
-            store.options.retry.call(lambda: store.objects.put_if_absent(key, data, {SHA256: sha}))
+            ctx.options.retry.call(lambda: ctx.objects.put_if_absent(key, data, {SHA256: sha}))
         except ObjectExistsError:
             pass  # the key is ours alone (random token): an earlier attempt of this PUT landed
         self.bases.append(BaseRef(key, sha, self._entries, len(data)))
@@ -634,8 +636,8 @@ class _BaseWriter:
         keys = [b.key for b in self.bases]
         if not keys:
             return
-        store = self._compactor.store
+        ctx = self._compactor.ctx
         try:
-            store.options.retry.call(lambda: store.objects.delete_many(keys))
+            ctx.options.retry.call(lambda: ctx.objects.delete_many(keys))
         except BackendError as exc:
             log.warning("could not delete own bases; GC removes them", extra={"keys": keys, "error": str(exc)})

@@ -135,8 +135,8 @@ class SessionStore:
         self.reader = Reader(self.ctx)
         self.tail = TailKeeper(self.ctx, self.reader)
         self.appender = Appender(self.ctx, self.reader, self.tail)
-        self.lister = Lister(self.ctx, self.tail)
-        self.retention = RetentionStore(self)
+        self.lister = Lister(self.ctx, self.tail.summarize)
+        self.retention = RetentionStore(self.ctx, self.reader, self.appender, self)
         # Started by the first append (a process that only reads never runs it): appends
         # are what queue compaction jobs (store/maintenance.py).
         self._maintain = bool(_check_compact(self.options))
@@ -256,7 +256,7 @@ class SessionStore:
             # was removed, and this incarnation is withdrawn (this process's own header) and
             # the session created again. Nothing else under the session precedes a header.
             if not header.encryption or (
-                not incarnations.withdrawn(self, sid, header.incarnation)
+                not incarnations.withdrawn(self.ctx, sid, header.incarnation)
                 and self.keys.has_record(sid, header.incarnation, 1)
             ):
                 break
@@ -428,7 +428,7 @@ class SessionStore:
         new life from its first segment (while it does not exist, the follower waits, like
         ``tail -F``). Runs until the caller stops iterating, or ``timeout_s`` has passed.
         """
-        follower = Follower(self, session_id, after_seq=after_seq)
+        follower = self.follower(session_id, after_seq=after_seq)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         follower.open()
         try:
@@ -442,6 +442,14 @@ class SessionStore:
                 follower.wait(wait)
         finally:
             follower.close()
+
+    def follower(self, session_id: str, *, after_seq: int | None = None) -> Follower:
+        """The state of one follow (``store/follow.py``), for a driver of its own
+        (``follow`` here, ``AsyncSessionStore.follow``)."""
+        return Follower(
+            self.ctx, self.reader, session_id, after_seq=after_seq,
+            last_seq=lambda sid: self.read_session(sid).seq,
+        )
 
     def hydrate(self, sid: str, header: Header | None = None) -> TailState | None:
         """Rebuild the session's Redis state from the object store (``store/tail.py``)."""

@@ -7,8 +7,9 @@
 - ``coordination/`` imports only the store's errors and retry policy (and itself): it is the
   Redis boundary, not a user of the store.
 - No import circles among the project's modules. Every import counts, including those inside
-  functions (an import moved into a function to dodge a circle is still a circle); imports
-  under ``if TYPE_CHECKING:`` do not (they never run).
+  functions (an import moved into a function to dodge a circle is still a circle) and those
+  under ``if TYPE_CHECKING:`` (a circle a type checker has to follow is one a reader has to
+  follow too). ``from package import module`` is an import of that module.
 - The library reaches into no dependency's private modules or names (``redis._parsers``: a
   dependency's upgrade may change them without notice), and never changes the host process's
   interpreter-wide state (its garbage collector, its thread switch interval): it is a guest.
@@ -38,22 +39,10 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for stmt in node.body:
-                skip.update(id(inner) for inner in ast.walk(stmt))
-    return skip
-
-
 def _imported_names(name: str, path: Path) -> Iterator[str]:
     tree = ast.parse(path.read_text())
-    skip = _type_checking_nodes(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -63,8 +52,12 @@ def _imported_names(name: str, path: Path) -> Iterator[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            yield module
-            yield from (f"{module}.{alias.name}" for alias in node.names)
+            names = [f"{module}.{alias.name}" for alias in node.names]
+            # ``from store import creates`` imports the module ``store.creates``; ``from
+            # store.core import SessionStore`` imports ``store.core``.
+            if not all(n in MODULES for n in names):
+                yield module
+            yield from names
 
 
 def _resolve(imported: str) -> str | None:
@@ -134,6 +127,16 @@ def test_the_checker_sees_the_modules_and_their_imports() -> None:
     assert {"store.core", "store.append", "store.read", "coordination.redis", "compactor.gc"} <= set(MODULES)
     assert "store.append" in GRAPH["store.core"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_checker_counts_type_checking_imports_and_imports_of_submodules(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from typing import TYPE_CHECKING\nfrom store import creates\n"
+        "if TYPE_CHECKING:\n    from store.core import SessionStore\n"
+    )
+    found = {_resolve(i) for i in _imported_names("store.sample", sample)}
+    assert found == {None, "store.creates", "store.core"}
 
 
 def test_the_store_never_imports_the_compactor() -> None:
