@@ -51,7 +51,7 @@ def _component(filename: str, func: str) -> str:
         ("/redis/", "redis-py"),
         ("/tenacity/", "tenacity (retry)"),
         ("/coordination/", "coordination/ (ours)"),
-        ("/store/session.py", "store/session.py (context)"),
+        ("/store/model/", "store/model/ (context)"),
         ("/store/", "store/ (ours)"),
         ("/concurrent/", "threads / futures"),
         ("threading.py", "threads / futures"),
@@ -176,7 +176,7 @@ def run(ctx: Context, out_dir: Path) -> None:
         info = ctx.sessions[n]
         reps = 2 if smoke or n >= 100_000 else 3
         ctx.log(f"profile: {reps} resumes of {n} entries under cProfile (all threads)")
-        from store.session import Session
+        from store.model.session import Session
 
         reader = b.store()  # a fresh read pool, started under the profiler
         with _AllThreads() as prof:
@@ -196,7 +196,7 @@ def run(ctx: Context, out_dir: Path) -> None:
     from store import entries as entries_mod
     from store.core import _check_unique_ids
     from store.retry import DEFAULT_RETRY
-    from store.session import Session
+    from store.model.session import Session
 
     micro: dict[str, float] = {}
     one = entries[0]

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 
-from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
+from compactor.config import Clock, CompactorOptions, wall_clock_ms
 from compactor.gc import GarbageCollector
 from compactor.schedule import schedule_gc
 from compactor.records import BaseRef, CompactionRecord, CompactionResult, GcResult
@@ -59,6 +59,7 @@ from store.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
 )
+from store.faults import FaultHook
 from store.layout import Layout, check_session_id
 from store.manifest import Manifest, build_manifest, compaction_record
 from store.migrations import CURRENT_SCHEMA

@@ -54,11 +54,12 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
+from compactor.config import Clock, CompactorOptions, wall_clock_ms
 from compactor.records import GcResult
 from compactor.schedule import schedule_gc
 from store import incarnations
 from store.errors import BackendError, IndeterminateError, SessionNotFoundError, SessionStoreError
+from store.faults import FaultHook
 from store.listing import all_session_ids
 from store.manifest import Manifest, fence_manifest
 

@@ -27,7 +27,7 @@ import uuid
 import weakref
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import orjson
 
@@ -39,6 +39,7 @@ from store.errors import (
     ObjectNotFoundError,
     UnsupportedFormatError,
 )
+from store.faults import FaultHook
 from store.object_store import ObjectInfo, ObjectStore, StoredObject, check_key
 
 _FILE_MAGIC = b"SSOBJ1\n"
@@ -52,8 +53,6 @@ _DIR_ROUNDS = 8
 #: directory met before costs no walk. A cached fd is a hint, checked by the kernel at each
 #: use (docs/design.md, "The file backend": the directory cache).
 _DIR_CACHE = 32
-
-FaultHook = Callable[[str, dict[str, Any]], None]
 
 
 class FileObjectStore(ObjectStore):

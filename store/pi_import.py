@@ -24,7 +24,7 @@ A pi file names its session in its header. What an import does with that id
 so importing the same files again, in the same order, lands in the same sessions).
 
 Everything is decided before the first write: the file is scanned in full
-(``store.pi_format.scan_pi_file``), and its entries are compared with the stored ones before
+(``store.pi.scan.scan_pi_file``), and its entries are compared with the stored ones before
 any new one is sent. Appends are strict on the tail (each batch expects the previous one's
 last entry), so a session that changes during the import is compared again, never merged
 blindly; the batches are the same on every import, so a concurrent import of the same file
