@@ -10,6 +10,9 @@
   functions (an import moved into a function to dodge a circle is still a circle) and those
   under ``if TYPE_CHECKING:`` (a circle a type checker has to follow is one a reader has to
   follow too). ``from package import module`` is an import of that module.
+- No module but the facade (``store/core.py``) reads a private attribute (a leading ``_``) of a
+  ``SessionStore``: satellites take the ``StoreContext`` and the protocol objects, or the
+  store's public methods.
 - The library reaches into no dependency's private modules or names (``redis._parsers``: a
   dependency's upgrade may change them without notice), and never changes the host process's
   interpreter-wide state (its garbage collector, its thread switch interval): it is a guest.
@@ -223,3 +226,49 @@ def test_no_private_api_of_a_dependency_and_no_interpreter_wide_switch() -> None
         name: [*_private_imports(path), *_global_switches(path)] for name, path in MODULES.items()
     }
     assert {k: v for k, v in found.items() if v} == _KNOWN_PRIVATE
+
+
+def _private_names_of_the_facade() -> set[str]:
+    """The private attributes of ``SessionStore``: its ``_`` methods and the ``self._x`` it
+    sets or reads."""
+    tree = ast.parse(MODULES["store.core"].read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SessionStore"]
+    names: set[str] = set()
+    for node in ast.walk(cls):
+        if isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def _reads_of(path: Path, private: set[str]) -> Iterator[str]:
+    """``x._name`` for a private name of the facade, on anything but the module's own ``self``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in private
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            yield f"{ast.unparse(node)} (line {node.lineno})"
+
+
+def test_the_checker_sees_reads_of_the_facades_private_attributes(tmp_path: Path) -> None:
+    private = _private_names_of_the_facade()
+    assert {"_ensure_probed", "_maintenance"} <= private
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "def f(store, self):\n    store._ensure_probed()\n    self._maintenance\n"
+        "    store.reader\n    worker.store._maintenance\n"
+    )
+    assert sorted(_reads_of(sample, private)) == [
+        "store._ensure_probed (line 2)", "worker.store._maintenance (line 5)",
+    ]
+
+
+def test_no_module_but_the_facade_reads_its_private_attributes() -> None:
+    private = _private_names_of_the_facade()
+    found = {
+        name: list(_reads_of(path, private)) for name, path in MODULES.items() if name != "store.core"
+    }
+    assert {k: v for k, v in found.items() if v} == {}
