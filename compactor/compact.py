@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 
+from compactor.bases import BaseWriter
 from compactor.config import Clock, CompactorOptions, wall_clock_ms
 from compactor.gc import GarbageCollector
 from compactor.schedule import schedule_gc
@@ -56,7 +57,6 @@ from store.errors import (
     BackendError,
     BackendUnavailableError,
     CorruptObjectError,
-    ObjectExistsError,
     ObjectNotFoundError,
 )
 from store.faults import FaultHook
@@ -201,8 +201,8 @@ class Compactor:
                 scan, spool = self._prepend_runs(sid, inc, previous, scan, spool, searched, found, runs, oldest), searched
             self.fault("compact.after_scan", session_id=sid, generation=gen)
             token = uuid.uuid4().hex
-            writer = _BaseWriter(self, sid, inc, Layout.base_stem(gen, started_ms, token),
-                                 sealed=bool(header.encryption))
+            stem = Layout.base_stem(gen, started_ms, token)
+            writer = BaseWriter(self.ctx, self.options.max_base_bytes, sid, inc, stem, sealed=bool(header.encryption))
             try:
                 purged = self._write_bases(scan, spool, writer)
             except BaseException:
@@ -296,7 +296,7 @@ class Compactor:
     def _opened(self, key: str, data: bytes, checksum: str | None) -> tuple[bytes, str | None]:
         """An input object as the spool keeps it: a sealed one opened (AES-GCM verified it),
         with the digest of its plaintext, so that pass 2 may copy it as it is; the bases it
-        ends up in are sealed again, with the session's newest data key (``_BaseWriter``).
+        ends up in are sealed again, with the session's newest data key (``compactor/bases.py``).
         The spool is a local temporary file: the compactor's host holds plaintext while it
         works, as it holds the keys (docs/encryption.md, threat model)."""
         if not is_sealed(data):
@@ -480,7 +480,7 @@ class Compactor:
                 for _, fut in window:
                     fut.cancel()
 
-    def _write_bases(self, scan: _Scan, spool: IO[bytes], writer: "_BaseWriter") -> int:
+    def _write_bases(self, scan: _Scan, spool: IO[bytes], writer: BaseWriter) -> int:
         """Pass 2. Returns the number of entries whose content was replaced by a tombstone."""
         purged = 0
         for source in scan.sources:
@@ -503,7 +503,7 @@ class Compactor:
         writer.flush()
         return purged
 
-    def _check_not_too_slow(self, sid: str, started_ms: int, writer: "_BaseWriter") -> None:
+    def _check_not_too_slow(self, sid: str, started_ms: int, writer: BaseWriter) -> None:
         """Refuse to publish bases that GC may already count as orphans.
 
         GC deletes an unreferenced base once its key's start time is a grace period old. A
@@ -587,58 +587,3 @@ def migrate_session(store: SessionStore, session_id: str, **compactor_options: A
     return Compactor(store, CompactorOptions(**compactor_options)).compact_session(
         check_session_id(session_id)
     )
-
-
-class _BaseWriter:
-    """Cuts pass 2's output into base objects of about ``max_base_bytes`` each."""
-
-    def __init__(self, compactor: Compactor, sid: str, inc: str, stem: str, *, sealed: bool = False) -> None:
-        self._compactor = compactor
-        #: An encrypted session: each base is sealed with the newest data key (listed once).
-        self._sealed = sealed
-        self._newest_checked = False
-        self._sid = sid
-        self._inc = inc
-        self._stem = stem
-        self._limit = compactor.options.max_base_bytes
-        self._parts: list[bytes] = []
-        self._size = 0
-        self._entries = 0
-        self.bases: list[BaseRef] = []
-
-    def add(self, data: bytes, entries: int) -> None:
-        self._parts.append(data)
-        self._size += len(data)
-        self._entries += entries
-        if self._size >= self._limit:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._parts:
-            return
-        data = b"".join(self._parts)
-        self._parts.clear()
-        ctx = self._compactor.ctx
-        key = ctx.layout.base(self._sid, self._inc, f"{self._stem}-{len(self.bases):05d}")
-        if self._sealed:
-            data = ctx.keys.seal(self._sid, self._inc, data, fresh=not self._newest_checked)
-            self._newest_checked = True
-        sha = hashlib.sha256(data).hexdigest()
-        try:
-            ctx.options.retry.call(lambda: ctx.objects.put_if_absent(key, data, {SHA256: sha}))
-        except ObjectExistsError:
-            pass  # the key is ours alone (random token): an earlier attempt of this PUT landed
-        self.bases.append(BaseRef(key, sha, self._entries, len(data)))
-        self._size = 0
-        self._entries = 0
-
-    def delete_all(self) -> None:
-        """Withdraw our bases (never named by a manifest). Best effort: GC is the backstop."""
-        keys = [b.key for b in self.bases]
-        if not keys:
-            return
-        ctx = self._compactor.ctx
-        try:
-            ctx.options.retry.call(lambda: ctx.objects.delete_many(keys))
-        except BackendError as exc:
-            log.warning("could not delete own bases; GC removes them", extra={"keys": keys, "error": str(exc)})
