@@ -51,7 +51,7 @@ def _component(filename: str, func: str) -> str:
         ("/redis/", "redis-py"),
         ("/tenacity/", "tenacity (retry)"),
         ("/coordination/", "coordination/ (ours)"),
-        ("/store/session.py", "store/session.py (context)"),
+        ("/store/model/", "store/model/ (context)"),
         ("/store/", "store/ (ours)"),
         ("/concurrent/", "threads / futures"),
         ("threading.py", "threads / futures"),
@@ -176,7 +176,7 @@ def run(ctx: Context, out_dir: Path) -> None:
         info = ctx.sessions[n]
         reps = 2 if smoke or n >= 100_000 else 3
         ctx.log(f"profile: {reps} resumes of {n} entries under cProfile (all threads)")
-        from store.session import Session
+        from store.model.session import Session
 
         reader = b.store()  # a fresh read pool, started under the profiler
         with _AllThreads() as prof:
@@ -194,9 +194,9 @@ def run(ctx: Context, out_dir: Path) -> None:
     # --- micro-costs of steps on the hot paths ---------------------------------------------
     ctx.log("profile: micro-costs")
     from store import entries as entries_mod
-    from store.core import _check_unique_ids
+    from store.read import check_unique_ids
     from store.retry import DEFAULT_RETRY
-    from store.session import Session
+    from store.model.session import Session
 
     micro: dict[str, float] = {}
     one = entries[0]
@@ -239,7 +239,7 @@ def run(ctx: Context, out_dir: Path) -> None:
     km = 3 if smoke else 7
     micro[f"decode_segment_{big_n}_ms"] = _median_us(lambda: entries_mod.decode_segment("k", blob, sha), km) / 1000
     micro[f"per_line_orjson_{big_n}_ms"] = _median_us(lambda: [orjson.loads(x) for x in blob.splitlines()], km) / 1000
-    micro[f"check_unique_ids_{big_n}_ms"] = _median_us(lambda: _check_unique_ids("s", [], big), km) / 1000
+    micro[f"check_unique_ids_{big_n}_ms"] = _median_us(lambda: check_unique_ids("s", [], big), km) / 1000
     header = {"type": "session", "version": 3, "id": "m", "timestamp": "2026-01-01T00:00:00.000Z", "cwd": "/"}
     micro[f"session_init_{big_n}_ms"] = _median_us(lambda: Session(header, big), km) / 1000
     micro[f"session_init_validated_{big_n}_ms"] = _median_us(lambda: Session(header, big, validated=True), km) / 1000

@@ -44,7 +44,8 @@ from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 
-from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
+from compactor.bases import BaseWriter
+from compactor.config import Clock, CompactorOptions, wall_clock_ms
 from compactor.gc import GarbageCollector
 from compactor.schedule import schedule_gc
 from compactor.records import BaseRef, CompactionRecord, CompactionResult, GcResult
@@ -56,9 +57,9 @@ from store.errors import (
     BackendError,
     BackendUnavailableError,
     CorruptObjectError,
-    ObjectExistsError,
     ObjectNotFoundError,
 )
+from store.faults import FaultHook
 from store.layout import Layout, check_session_id
 from store.manifest import Manifest, build_manifest, compaction_record
 from store.migrations import CURRENT_SCHEMA
@@ -122,10 +123,11 @@ class Compactor:
         fault_hook: FaultHook | None = None,
     ) -> None:
         self.store = store
+        self.ctx = store.ctx
         self.options = options or CompactorOptions()
         self.now = now
         self.fault_hook = fault_hook
-        self._gc = GarbageCollector(store, self.options, now=now, fault_hook=fault_hook)
+        self._gc = GarbageCollector(self.ctx, self.options, now=now, fault_hook=fault_hook)
 
     @property
     def worker(self) -> str:
@@ -174,10 +176,11 @@ class Compactor:
 
     def _compact_once(self, sid: str) -> CompactionResult:
         store = self.store
+        ctx = self.ctx
         header = store.get_header(sid)
         inc = header.incarnation
         started_ms = self.now()
-        previous = store.manifests.latest(sid, inc)
+        previous = ctx.manifests.latest(sid, inc)
         first = previous.through_seq + 1 if previous else 1
         segments, more, incoming = self._segments_from(sid, inc, first)
         if not segments:
@@ -198,8 +201,8 @@ class Compactor:
                 scan, spool = self._prepend_runs(sid, inc, previous, scan, spool, searched, found, runs, oldest), searched
             self.fault("compact.after_scan", session_id=sid, generation=gen)
             token = uuid.uuid4().hex
-            writer = _BaseWriter(self, sid, inc, Layout.base_stem(gen, started_ms, token),
-                                 sealed=bool(header.encryption))
+            stem = Layout.base_stem(gen, started_ms, token)
+            writer = BaseWriter(self.ctx, self.options.max_base_bytes, sid, inc, stem, sealed=bool(header.encryption))
             try:
                 purged = self._write_bases(scan, spool, writer)
             except BaseException:
@@ -214,9 +217,9 @@ class Compactor:
             sid, inc, gen, previous, scan, bases, (first_seq, last_seq), purged, started_ms,
             finished_ms, segments,
         )
-        mkey = store.layout.manifest(sid, inc, gen)
+        mkey = ctx.layout.manifest(sid, inc, gen)
         self.fault("compact.before_manifest", session_id=sid, generation=gen, key=mkey)
-        if not store.manifests.create(sid, inc, gen, manifest, token):
+        if not ctx.manifests.create(sid, inc, gen, manifest, token):
             writer.delete_all()
             log.info(
                 "lost the race for a manifest",
@@ -225,12 +228,12 @@ class Compactor:
             return CompactionResult(sid, "lost", generation=gen, manifest_key=mkey)
         self.fault("compact.after_manifest", session_id=sid, generation=gen, key=mkey)
         try:
-            store.coord.compacted(sid, inc, len(segments), scan.segment_bytes, last_seq, gen)
+            ctx.coord.compacted(sid, inc, len(segments), scan.segment_bytes, last_seq, gen)
         except BackendError as exc:
             log.warning("pending counters not updated", extra={"session_id": sid, "error": str(exc)})
         # GC schedule (compactor/schedule.py): what this manifest retired is due one grace
         # period from now (taken after the create: never before the manifest's own time).
-        schedule_gc(store, sid, self.now() + self.options.grace_ms)
+        schedule_gc(ctx.coord, sid, self.now() + self.options.grace_ms)
         result = CompactionResult(
             sid,
             "compacted",
@@ -264,12 +267,12 @@ class Compactor:
     def _segments_from(self, sid: str, inc: str, first: int) -> tuple[list[tuple[int, str]], bool, int]:
         """Segments first, first+1, ... up to the first gap; (at most max_segments, more?,
         their bytes as listed)."""
-        layout = self.store.layout
+        layout = self.ctx.layout
         prefix = layout.segment_prefix(sid, inc)
         start_after = layout.segment(sid, inc, first - 1) if first > 1 else None
         limit = self.options.max_segments
-        infos = self.store.options.retry.call(
-            lambda: list(itertools.islice(self.store.objects.list(prefix, start_after), limit + 1))
+        infos = self.ctx.options.retry.call(
+            lambda: list(itertools.islice(self.ctx.objects.list(prefix, start_after), limit + 1))
         )
         numbers: list[int] = []
         sizes: dict[int, int] = {}
@@ -286,20 +289,20 @@ class Compactor:
 
     def _get(self, key: str) -> Any:
         try:
-            return self.store.options.retry.call(lambda: self.store.objects.get(key))
+            return self.ctx.options.retry.call(lambda: self.ctx.objects.get(key))
         except ObjectNotFoundError:
             raise _SourceGone(key) from None
 
     def _opened(self, key: str, data: bytes, checksum: str | None) -> tuple[bytes, str | None]:
         """An input object as the spool keeps it: a sealed one opened (AES-GCM verified it),
         with the digest of its plaintext, so that pass 2 may copy it as it is; the bases it
-        ends up in are sealed again, with the session's newest data key (``_BaseWriter``).
+        ends up in are sealed again, with the session's newest data key (``compactor/bases.py``).
         The spool is a local temporary file: the compactor's host holds plaintext while it
         works, as it holds the keys (docs/encryption.md, threat model)."""
         if not is_sealed(data):
-            self.store.keys.open(key, data)  # refuses a plaintext object of an encrypted session
+            self.ctx.keys.open(key, data)  # refuses a plaintext object of an encrypted session
             return data, checksum
-        plain = self.store.keys.open(key, data)
+        plain = self.ctx.keys.open(key, data)
         return plain, hashlib.sha256(plain).hexdigest()
 
     def _known_redactions(self, sid: str, inc: str, previous: Manifest | None) -> RedactionIndex | None:
@@ -311,7 +314,7 @@ class Compactor:
         try:
             return RedactionIndex.from_json(previous.raw["redactions"])
         except ValueError as exc:
-            key = self.store.layout.manifest(sid, inc, previous.generation)
+            key = self.ctx.layout.manifest(sid, inc, previous.generation)
             raise CorruptObjectError(key, 0, str(exc)) from None
 
     def _unmet_targets(self, scan: _Scan, known: RedactionIndex | None, spool: IO[bytes]) -> set[str]:
@@ -441,7 +444,7 @@ class Compactor:
             if unchecked and previous is not None:
                 if base_entries != sum(previous.seq_counts):
                     raise CorruptObjectError(
-                        self.store.layout.manifest(sid, inc, previous.generation),
+                        self.ctx.layout.manifest(sid, inc, previous.generation),
                         0,
                         f"bases hold {base_entries} entries, the manifest counts "
                         f"{sum(previous.seq_counts)}",
@@ -477,7 +480,7 @@ class Compactor:
                 for _, fut in window:
                     fut.cancel()
 
-    def _write_bases(self, scan: _Scan, spool: IO[bytes], writer: "_BaseWriter") -> int:
+    def _write_bases(self, scan: _Scan, spool: IO[bytes], writer: BaseWriter) -> int:
         """Pass 2. Returns the number of entries whose content was replaced by a tombstone."""
         purged = 0
         for source in scan.sources:
@@ -500,7 +503,7 @@ class Compactor:
         writer.flush()
         return purged
 
-    def _check_not_too_slow(self, sid: str, started_ms: int, writer: "_BaseWriter") -> None:
+    def _check_not_too_slow(self, sid: str, started_ms: int, writer: BaseWriter) -> None:
         """Refuse to publish bases that GC may already count as orphans.
 
         GC deletes an unreferenced base once its key's start time is a grace period old. A
@@ -529,7 +532,7 @@ class Compactor:
         finished_ms: int,
         segments: list[tuple[int, str]],
     ) -> dict[str, Any]:
-        layout = self.store.layout
+        layout = self.ctx.layout
         retired: list[str] = []
         kept = {str(b["key"]) for b in scan.kept}
         if previous is not None:
@@ -584,58 +587,3 @@ def migrate_session(store: SessionStore, session_id: str, **compactor_options: A
     return Compactor(store, CompactorOptions(**compactor_options)).compact_session(
         check_session_id(session_id)
     )
-
-
-class _BaseWriter:
-    """Cuts pass 2's output into base objects of about ``max_base_bytes`` each."""
-
-    def __init__(self, compactor: Compactor, sid: str, inc: str, stem: str, *, sealed: bool = False) -> None:
-        self._compactor = compactor
-        #: An encrypted session: each base is sealed with the newest data key (listed once).
-        self._sealed = sealed
-        self._newest_checked = False
-        self._sid = sid
-        self._inc = inc
-        self._stem = stem
-        self._limit = compactor.options.max_base_bytes
-        self._parts: list[bytes] = []
-        self._size = 0
-        self._entries = 0
-        self.bases: list[BaseRef] = []
-
-    def add(self, data: bytes, entries: int) -> None:
-        self._parts.append(data)
-        self._size += len(data)
-        self._entries += entries
-        if self._size >= self._limit:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._parts:
-            return
-        data = b"".join(self._parts)
-        self._parts.clear()
-        store = self._compactor.store
-        key = store.layout.base(self._sid, self._inc, f"{self._stem}-{len(self.bases):05d}")
-        if self._sealed:
-            data = store.keys.seal(self._sid, self._inc, data, fresh=not self._newest_checked)
-            self._newest_checked = True
-        sha = hashlib.sha256(data).hexdigest()
-        try:
-            store.options.retry.call(lambda: store.objects.put_if_absent(key, data, {SHA256: sha}))
-        except ObjectExistsError:
-            pass  # the key is ours alone (random token): an earlier attempt of this PUT landed
-        self.bases.append(BaseRef(key, sha, self._entries, len(data)))
-        self._size = 0
-        self._entries = 0
-
-    def delete_all(self) -> None:
-        """Withdraw our bases (never named by a manifest). Best effort: GC is the backstop."""
-        keys = [b.key for b in self.bases]
-        if not keys:
-            return
-        store = self._compactor.store
-        try:
-            store.options.retry.call(lambda: store.objects.delete_many(keys))
-        except BackendError as exc:
-            log.warning("could not delete own bases; GC removes them", extra={"keys": keys, "error": str(exc)})

@@ -17,13 +17,8 @@ from typing import Callable
 
 #: Epoch milliseconds.
 from store.clock import now_ms
-from store.records import FaultHook as StoreFaultHook
 
 Clock = Callable[[], int]
-
-#: ``hook(point, ctx)`` called at named points (see docs/compaction.md); tests turn a point
-#: into a crash (``os.kill(os.getpid(), SIGKILL)``), a pause or an exception. The store's own.
-FaultHook = StoreFaultHook
 
 DEFAULT_GRACE_MS = 10 * 60 * 1000
 

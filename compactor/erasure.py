@@ -290,8 +290,8 @@ def _remove_other_lives(store: SessionStore, sid: str, objects: list[str], curre
         parsed = store.layout.parse(key)
         if parsed is not None and parsed.incarnation is not None and parsed.incarnation != current:
             by_inc.setdefault(parsed.incarnation, []).append(key)
-    removable = incarnations.fence(store, sid, by_inc)
-    incarnations.remove(store, sid, {inc: by_inc[inc] for inc in removable})
+    removable = incarnations.fence(store.ctx, sid, by_inc)
+    incarnations.remove(store.ctx, sid, {inc: by_inc[inc] for inc in removable})
 
 
 def _session_redis_keys(store: SessionStore, sid: str) -> list[bytes]:

@@ -54,16 +54,17 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from compactor.config import Clock, CompactorOptions, FaultHook, wall_clock_ms
+from compactor.config import Clock, CompactorOptions, wall_clock_ms
 from compactor.records import GcResult
 from compactor.schedule import schedule_gc
 from store import incarnations
 from store.errors import BackendError, IndeterminateError, SessionNotFoundError, SessionStoreError
+from store.faults import FaultHook
 from store.listing import all_session_ids
 from store.manifest import Manifest, fence_manifest
 
 if TYPE_CHECKING:
-    from store.core import SessionStore
+    from store.context import StoreContext
     from store.records import Header
 
 log = logging.getLogger("sessionstore.compactor.gc")
@@ -89,13 +90,13 @@ class GarbageCollector:
 
     def __init__(
         self,
-        store: "SessionStore",
+        ctx: StoreContext,
         options: CompactorOptions,
         *,
         now: Clock = wall_clock_ms,
         fault_hook: FaultHook | None = None,
     ) -> None:
-        self.store = store
+        self.ctx = ctx
         self.options = options
         self.now = now
         self.worker = options.worker
@@ -106,9 +107,9 @@ class GarbageCollector:
             self._fault_hook(point, ctx)
 
     def collect(self) -> GcResult:
-        store = self.store
+        ctx = self.ctx
         total = GcResult()
-        sids = store.options.retry.call(lambda: all_session_ids(store.objects, store.layout))
+        sids = ctx.options.retry.call(lambda: all_session_ids(ctx.objects, ctx.layout))
         for sid in sids:
             try:
                 total = total + self.collect_session(sid)
@@ -118,19 +119,19 @@ class GarbageCollector:
         return total
 
     def collect_session(self, sid: str) -> GcResult:
-        store = self.store
+        ctx = self.ctx
         now = self.now()
         grace = self.options.grace_ms
-        session_prefix = store.layout.session_prefix(sid)
-        listed = store.options.retry.call(lambda: [i.key for i in store.objects.list(session_prefix)])
+        session_prefix = ctx.layout.session_prefix(sid)
+        listed = ctx.options.retry.call(lambda: [i.key for i in ctx.objects.list(session_prefix)])
         # After the listing: an incarnation created since has nothing in the listing.
         try:
-            header: Header | None = store.get_header(sid)
+            header: Header | None = ctx.headers.read(sid)
         except SessionNotFoundError:
             header = None
         by_inc: dict[str, list[str]] = defaultdict(list)
         for key in listed:
-            parsed = store.layout.parse(key)
+            parsed = ctx.layout.parse(key)
             if parsed is not None and parsed.incarnation is not None:
                 by_inc[parsed.incarnation].append(key)
         due: list[tuple[str, str]] = []
@@ -148,8 +149,8 @@ class GarbageCollector:
             # writes its data key first, then pauses): fenced, the header read again, and
             # one it now names left to its creator (store/incarnations.py).
             self.fault("gc.before_fence", session_id=sid, incarnations=stale)
-            stale = incarnations.fence(store, sid, stale)
-            fence_keys = {store.layout.withdrawn(sid, inc) for inc in stale}
+            stale = incarnations.fence(ctx, sid, stale)
+            fence_keys = {ctx.layout.withdrawn(sid, inc) for inc in stale}
             due.extend(("stale_incarnation", k) for inc in stale for k in by_inc[inc] if k not in fence_keys)
         if header is not None and header.incarnation in by_inc:
             cur_due, cur_waiting = self._current(sid, header.incarnation, by_inc[header.incarnation], now, grace)
@@ -158,7 +159,7 @@ class GarbageCollector:
         self._delete(sid, due)
         if stale:
             # Last: each stale incarnation's fence, once the rest of it is gone.
-            incarnations.unfence(store, sid, stale)
+            incarnations.unfence(ctx, sid, stale)
             if header is None:
                 self._forget_marks(sid, stale)
         if due:
@@ -174,12 +175,12 @@ class GarbageCollector:
     def _current(
         self, sid: str, inc: str, keys: list[str], now: int, grace: int
     ) -> tuple[list[tuple[str, str]], int]:
-        store = self.store
+        ctx = self.ctx
         segments: dict[int, str] = {}
         manifests: dict[int, str] = {}
         bases: list[str] = []
         for key in keys:
-            parsed = store.layout.parse(key)
+            parsed = ctx.layout.parse(key)
             if parsed is None:
                 continue
             if parsed.kind == "segment" and parsed.number is not None:
@@ -189,7 +190,7 @@ class GarbageCollector:
             elif parsed.kind == "base":
                 bases.append(key)
             # anything else is not a name the store writes: never ours to delete
-        latest = store.manifests.latest(sid, inc)
+        latest = ctx.manifests.latest(sid, inc)
         if latest is None:
             # No manifest: every segment is live, and no base is named by anything.
             return self._orphans(sid, inc, None, bases, set(), now, grace)
@@ -241,8 +242,8 @@ class GarbageCollector:
             # loss could then keep the deletions and lose the manifest (docs/design.md,
             # "Durable before Redis hears of it"). The bases it names were flushed before it
             # was written.
-            newest = store.layout.manifest(sid, inc, latest.generation)
-            store.options.retry.call(lambda: store.objects.flush(newest))
+            newest = ctx.layout.manifest(sid, inc, latest.generation)
+            ctx.options.retry.call(lambda: ctx.objects.flush(newest))
         segments_due = [k for kind, k in due if kind == "segment"]
         if segments_due and not self._fence_retired(sid, inc, latest.through_seq):
             due = [(kind, k) for kind, k in due if kind != "segment"]
@@ -260,7 +261,7 @@ class GarbageCollector:
         the manifest. Without Redis no segment is deleted: they wait for the next pass.
         """
         try:
-            self.store.coord.retired(sid, inc, through_seq)
+            self.ctx.coord.retired(sid, inc, through_seq)
         except BackendError as exc:
             log.warning("segments kept: Redis unavailable to fence them",
                         extra={"session_id": sid, "error": repr(exc)})
@@ -271,13 +272,13 @@ class GarbageCollector:
     def _manifest_infos(
         self, sid: str, inc: str, latest: Manifest, listed: dict[int, str], grace: int
     ) -> list[_ManifestInfo]:
-        store = self.store
+        ctx = self.ctx
         # Every generation from the oldest listed up to the latest: one created after the
         # listing may name bases that the listing holds.
         low = min(listed) if listed else latest.generation
         out: list[_ManifestInfo] = []
         for gen in range(low, latest.generation + 1):
-            found = latest if gen == latest.generation else store.manifests.get(sid, inc, gen)
+            found = latest if gen == latest.generation else ctx.manifests.get(sid, inc, gen)
             if found is None:
                 continue  # deleted by another pass: what it retired is past its grace too
             out.append(_info(found, grace))
@@ -312,7 +313,7 @@ class GarbageCollector:
         for key in candidates:
             if key in live:
                 continue
-            parsed = self.store.layout.parse(key)
+            parsed = self.ctx.layout.parse(key)
             started = parsed.started_ms if parsed else None
             gen = parsed.number if parsed else None
             if started is None or gen is None or now < started + grace:
@@ -341,7 +342,7 @@ class GarbageCollector:
         bases are named: both outcomes are fine. True when ours was created (the bases are
         then garbage at once; otherwise the next pass decides from what it lists).
         """
-        store = self.store
+        ctx = self.ctx
         body = fence_manifest(
             session_id=sid,
             incarnation=inc,
@@ -354,7 +355,7 @@ class GarbageCollector:
         )
         self.fault("gc.before_fence_manifest", session_id=sid, generation=gen)
         try:
-            created = store.manifests.create(sid, inc, gen, body, f"gc-fence-{uuid.uuid4().hex}")
+            created = ctx.manifests.create(sid, inc, gen, body, f"gc-fence-{uuid.uuid4().hex}")
         except (BackendError, IndeterminateError) as exc:
             log.warning("fence manifest not created", extra={"session_id": sid, "error": repr(exc)})
             return False
@@ -365,7 +366,7 @@ class GarbageCollector:
         # superseded by a fence that copied its bases, and deleted. Only a fence that is the
         # newest when created proves the bases unnamed for good: later manifests either copy
         # it (a fence) or write bases of their own (a compaction).
-        newest = store.manifests.latest(sid, inc)
+        newest = ctx.manifests.latest(sid, inc)
         if newest is None or newest.generation != gen:
             return False
         log.info("fenced an abandoned generation", extra={"session_id": sid, "generation": gen})
@@ -373,11 +374,11 @@ class GarbageCollector:
             # The readers' hint (mgen): the fence is the newest manifest now, and the older
             # one it copied may be deleted. Nothing merged, nothing retired beyond it.
             through = latest.through_seq if latest is not None else 0
-            store.coord.compacted(sid, inc, 0, 0, through, gen)
+            ctx.coord.compacted(sid, inc, 0, 0, through, gen)
         except BackendError:
             pass  # a hint only: readers that find no manifest there list them
         # The fence retired the manifest it copied: due one grace period from now.
-        schedule_gc(store, sid, self.now() + grace)
+        schedule_gc(ctx.coord, sid, self.now() + grace)
         return True
 
     # --- other incarnations ------------------------------------------------------------------
@@ -387,7 +388,7 @@ class GarbageCollector:
             # The old incarnation ended no later than the current header was created.
             return now >= header.created_at_ms + grace
         try:
-            seen = self.store.coord.gc_first_seen(sid, inc, now)
+            seen = self.ctx.coord.gc_first_seen(sid, inc, now)
         except BackendError as exc:
             # No mark, no deletion this time: the objects wait for a pass that has one.
             log.warning("gc mark unavailable", extra={"session_id": sid, "error": repr(exc)})
@@ -396,20 +397,20 @@ class GarbageCollector:
 
     def _forget_marks(self, sid: str, incs: list[str]) -> None:
         try:
-            self.store.coord.gc_forget_seen(sid, incs)
+            self.ctx.coord.gc_forget_seen(sid, incs)
         except BackendError as exc:
             log.warning("gc marks not cleared", extra={"session_id": sid, "error": repr(exc)})
 
     # --- deleting ----------------------------------------------------------------------------
 
     def _delete(self, sid: str, due: list[tuple[str, str]]) -> None:
-        store = self.store
+        ctx = self.ctx
         for kind in _KINDS:
             keys = [k for d, k in due if d == kind]
             if not keys:
                 continue
             self.fault("gc.before_delete", session_id=sid, kind=kind, keys=keys)
-            store.options.retry.call(lambda: store.objects.delete_many(keys))
+            ctx.options.retry.call(lambda: ctx.objects.delete_many(keys))
             self.fault("gc.after_delete", session_id=sid, kind=kind, keys=keys)
 
 

@@ -1,6 +1,6 @@
 """Purging redacted content while compacting.
 
-The read-time model (``store.session.Session``) hides the target of every ``redaction`` entry
+The read-time model (``store.model.session.Session``) hides the target of every ``redaction`` entry
 behind a tombstone, wherever the redaction sits relative to its target; the earliest
 redaction of an entry is the one its tombstone names, and a redaction of a redaction, or of an
 unknown id, has no effect. Compaction writes exactly that tombstone into the base, so that a
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from store.session import REDACTION_TYPE, redaction_tombstone
+from store.model.rules import REDACTION_TYPE, redaction_tombstone
 
 __all__ = ["RedactionIndex", "REDACTION_TYPE"]
 

@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from compactor.config import Clock, FaultHook, wall_clock_ms
+from compactor.config import Clock, wall_clock_ms
 from store.errors import (
     BackendError,
     ConflictError,
@@ -39,6 +39,7 @@ from store.errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
+from store.faults import FaultHook
 from store.listing import SessionFilter
 from store.retention import Decision, Retention, RetentionPolicy
 

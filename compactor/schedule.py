@@ -30,17 +30,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
+from compactor.config import CompactorOptions
 from compactor.records import GcResult
 from coordination.keys import GC_BUCKETS
 from store.errors import BackendError, SessionStoreError
 from store.listing import session_page
 
 if TYPE_CHECKING:
-    from compactor.compact import Compactor
     from compactor.config import WorkerOptions
-    from store.core import SessionStore
+    from coordination.redis import Coordinator
+    from store.context import StoreContext
 
 log = logging.getLogger("sessionstore.compactor.schedule")
 
@@ -48,24 +49,40 @@ log = logging.getLogger("sessionstore.compactor.schedule")
 _SWEEP_PAGE = 1000
 
 
-def schedule_gc(store: "SessionStore", sid: str, due_ms: int) -> None:
+def schedule_gc(coord: Coordinator, sid: str, due_ms: int) -> None:
     """Record that GC of ``sid`` is due at ``due_ms``. Without Redis the entry is lost, and
     what it would have collected waits for the sweep: nothing is deleted early."""
     try:
-        store.coord.gc_schedule(sid, due_ms)
+        coord.gc_schedule(sid, due_ms)
     except BackendError as exc:
         log.warning("gc not scheduled: the sweep will find it",
                     extra={"session_id": sid, "due_ms": due_ms, "error": repr(exc)})
+
+
+class Collector(Protocol):
+    """What the schedule runs: GC of one session (``compactor.compact.Compactor``)."""
+
+    ctx: StoreContext
+    options: CompactorOptions
+
+    @property
+    def worker(self) -> str: ...
+
+    def now(self) -> int: ...
+
+    def fault(self, point: str, **ctx: Any) -> None: ...
+
+    def gc_session(self, session_id: str) -> GcResult: ...
 
 
 class GcScheduler:
     """Scheduled GC and the sweep, for one worker (``compactor.worker`` runs them in
     threads of their own; tests call them directly with a fake clock)."""
 
-    def __init__(self, compactor: "Compactor", options: "WorkerOptions") -> None:
+    def __init__(self, compactor: Collector, options: WorkerOptions) -> None:
         self.compactor = compactor
         self.options = options
-        self.store = compactor.store
+        self.ctx = compactor.ctx
         self.now = compactor.now
         self.worker = compactor.worker
         self._next_bucket = hash(self.worker) % GC_BUCKETS  # workers start apart
@@ -79,7 +96,7 @@ class GcScheduler:
         self._next_bucket = (start + 1) % GC_BUCKETS
         for i in range(GC_BUCKETS):
             bucket = (start + i) % GC_BUCKETS
-            deadline, sids = self.store.coord.gc_claim(
+            deadline, sids = self.ctx.coord.gc_claim(
                 bucket, self.now(), self.options.gc_lease_ms, self.options.gc_batch
             )
             for sid in sids:
@@ -96,7 +113,7 @@ class GcScheduler:
             return GcResult(errors=(f"{sid}: {exc!r}",))
         again = self.now() + self.compactor.options.grace_ms if result.waiting else None
         try:
-            if not self.store.coord.gc_done(sid, deadline, again):
+            if not self.ctx.coord.gc_done(sid, deadline, again):
                 log.info("gc lease ran out meanwhile: another worker has the entry",
                          extra={"session_id": sid})
         except BackendError as exc:
@@ -110,15 +127,15 @@ class GcScheduler:
         when it is not this worker's to run. Returns when finished, when ``stop`` is set, or
         when the lease was lost (another worker carries on)."""
         opts = self.options
-        coord = self.store.coord
+        coord = self.ctx.coord
         got = coord.sweep_lease(self.worker, self.now(), opts.sweep_lease_ms, opts.gc_interval_ms)
         if got is None:
             return None
         cursor, _ = got
         log.info("gc sweep", extra={"from": cursor or None, "rate": opts.sweep_rate})
-        layout = self.store.layout
-        objects = self.store.objects
-        retry = self.store.options.retry
+        layout = self.ctx.layout
+        objects = self.ctx.objects
+        retry = self.ctx.options.retry
         total = GcResult()
         pace = 1.0 / opts.sweep_rate if opts.sweep_rate > 0 else 0.0
         next_at = time.monotonic()

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from store.core import SessionChanges, SessionData, SessionStore
 from store.errors import IndeterminateError, InvalidInputError
-from store.follow import Follower
 from store.handles import SessionHandle
 from store.listing import SessionFilter, SessionPage
 from store.records import AppendResult, ForkPoint, Header, SessionInfo, TailInfo
@@ -299,7 +298,7 @@ class AsyncSessionStore:
         """
         if self._closed:
             raise InvalidInputError("the store is closed")
-        follower = Follower(self._store, session_id, after_seq=after_seq)
+        follower = self._store.follower(session_id, after_seq=after_seq)
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sessionstore-follow")
         loop = asyncio.get_running_loop()
 

@@ -24,15 +24,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from coordination.redis import Coordinator, TailState
-from store import incarnations
 from store.append import Appender
 from store.clock import iso_now
 from store.context import StoreContext
 from store.entries import PreparedBatch, prepare_batch
 from store.errors import (
-    BackendError,
     BackendUnavailableError,
-    ConditionalWritesUnsupportedError,
     ConflictError,
     ContentionError,
     EntryNotFoundError,
@@ -43,32 +40,16 @@ from store.follow import Follower
 from store.handles import SessionHandle
 from store.headers import HeaderStore, new_header, uuid7
 from store.keys import DataKeys
-from store.layout import Layout, check_layout, check_session_id, new_ref_token
+from store.layout import Layout, check_layout, check_session_id
 from store.layout_record import decide_layout
-from store.listing import (
-    NO_FILTER,
-    Lister,
-    SessionFilter,
-    SessionPage,
-    check_cursor,
-    check_limit,
-    header_fields,
-)
+from store.lifecycle import create_session, delete_session, fork_session
+from store.listing import NO_FILTER, Lister, SessionFilter, SessionPage, check_cursor, check_limit
 from store.manifest import Manifest, ManifestStore
 from store.maintenance import Maintenance
 from store.markers import check_user_ids, refuse_if_trashed
-from store.object_store import StoredObject
 from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
 from store.read import Reader, SessionChanges, SessionData, check_unique_ids
-from store.records import (
-    EMPTY_TAIL,
-    AppendResult,
-    ForkPoint,
-    Header,
-    SessionInfo,
-    StoreOptions,
-    TailInfo,
-)
+from store.records import EMPTY_TAIL, AppendResult, ForkPoint, Header, SessionInfo, StoreOptions, TailInfo
 from store.retention import Retention, RetentionStore, TrashItem
 from store.tail import TailKeeper
 
@@ -77,10 +58,6 @@ if TYPE_CHECKING:
     from store.model.session import Session
 
 log = logging.getLogger("sessionstore")
-
-# Kept importable from here for tools written against earlier versions.
-_check_unique_ids = check_unique_ids
-_iso_now = iso_now
 
 
 def _check_compact(options: StoreOptions) -> bool | None:
@@ -135,8 +112,8 @@ class SessionStore:
         self.reader = Reader(self.ctx)
         self.tail = TailKeeper(self.ctx, self.reader)
         self.appender = Appender(self.ctx, self.reader, self.tail)
-        self.lister = Lister(self.ctx, self.tail)
-        self.retention = RetentionStore(self)
+        self.lister = Lister(self.ctx, self.tail.summarize)
+        self.retention = RetentionStore(self.ctx, self.reader, self.appender, self)
         # Started by the first append (a process that only reads never runs it): appends
         # are what queue compaction jobs (store/maintenance.py).
         self._maintain = bool(_check_compact(self.options))
@@ -243,59 +220,11 @@ class SessionStore:
 
             raise InvalidRetentionError("a stream has its own TTL (ttl_s, expires_at_ms)")
         self._ensure_probed()
-        while True:
-            if self.keys.enabled:
-                header = self._create_data_key(header)
-            if retention is not None:
-                self.retention.put(sid, header.incarnation, retention)
-            self.ctx.fault("create.before_header", session_id=sid, incarnation=header.incarnation)
-            self.headers.create(header)
-            # An encrypted incarnation had an object (its data key) before its header: GC, or
-            # an erasure, may have decided it was abandoned. The fence first, then the key,
-            # in this order (store/incarnations.py argues why): either says it is being or
-            # was removed, and this incarnation is withdrawn (this process's own header) and
-            # the session created again. Nothing else under the session precedes a header.
-            if not header.encryption or (
-                not incarnations.withdrawn(self, sid, header.incarnation)
-                and self.keys.has_record(sid, header.incarnation, 1)
-            ):
-                break
-            log.warning("data key of new session %s collected before its header: created again", sid)
-            self.delete_session(sid, incarnation=header.incarnation)
-            header = new_header(sid, cwd=cwd, pi_header=pi_header, fork=fork, kind=kind, config=config)
-        try:
-            if fork is None:
-                # A new session is known to be empty: say so now, or the first append would
-                # pay a rebuild from the object store (LISTs and probes) to learn it. Its
-                # listing summary too (a fork's, with its inherited path, comes from the
-                # first rebuild: its first listing or append).
-                self.coord.install(sid, header.incarnation, seq=0, last="", count=0, ids=())
-                self.coord.install_summary(sid, header.incarnation, 0, header_fields(header))
-        except BackendError as exc:
-            log.warning("Redis not told of new session %s (%s): it rebuilds on first use", sid, exc)
+        header = create_session(
+            self.ctx, self.retention, header, retention,
+            again=lambda: new_header(sid, cwd=cwd, pi_header=pi_header, fork=fork, kind=kind, config=config),
+        )
         return SessionHandle(self, header)
-
-    def _create_data_key(self, header: Header) -> Header:
-        """The header of an encrypted incarnation, its first data key created first: a
-        header that says "encrypted" always has a key. The key record waits for its header
-        as any object of a header-less incarnation does, and GC removes it a grace period
-        after it first saw it (compactor/gc.py); so the header must follow within that
-        time, or the key record could be collected under it. A create that took longer
-        than half of ``rebuild_max_age_ms`` (which the GC grace exceeds) starts over with a
-        new incarnation instead."""
-        from store.crypto import SCHEME
-
-        bound = self.options.rebuild_max_age_ms / 2000
-        while True:
-            started = time.monotonic()
-            self.keys.create(header.session_id, header.incarnation)
-            self.ctx.fault("create.after_data_key", session_id=header.session_id)
-            if time.monotonic() - started <= bound:
-                return replace(header, encryption=SCHEME)
-            header = new_header(
-                header.session_id, cwd=None, pi_header=header.pi_header, fork=header.fork,
-                kind=header.kind, config=header.config,
-            )
 
     def rotate_data_key(self, session_id: str) -> int:
         """Give an encrypted session a new data key (the next version) and return it.
@@ -445,7 +374,7 @@ class SessionStore:
         new life from its first segment (while it does not exist, the follower waits, like
         ``tail -F``). Runs until the caller stops iterating, or ``timeout_s`` has passed.
         """
-        follower = Follower(self, session_id, after_seq=after_seq)
+        follower = self.follower(session_id, after_seq=after_seq)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         follower.open()
         try:
@@ -459,6 +388,14 @@ class SessionStore:
                 follower.wait(wait)
         finally:
             follower.close()
+
+    def follower(self, session_id: str, *, after_seq: int | None = None) -> Follower:
+        """The state of one follow (``store/follow.py``), for a driver of its own
+        (``follow`` here, ``AsyncSessionStore.follow``)."""
+        return Follower(
+            self.ctx, self.reader, session_id, after_seq=after_seq,
+            last_seq=lambda sid: self.read_session(sid).seq,
+        )
 
     def hydrate(self, sid: str, header: Header | None = None) -> TailState | None:
         """Rebuild the session's Redis state from the object store (``store/tail.py``)."""
@@ -512,74 +449,12 @@ class SessionStore:
             cursor = page.next_cursor
 
     def delete_session(self, session_id: str, *, incarnation: str | None = None) -> None:
-        """Remove the session: its header, its Redis keys and every object of its incarnation.
-
-        The header goes first: from that moment the session does not exist, and creating it
-        again starts a new incarnation with its own key space, so leftovers of an interrupted
-        delete (or Redis state that could not be dropped because Redis was down) can never
-        leak into the new session. Only this incarnation's objects are deleted, so a delete
-        that pauses never removes anything of a new life created meanwhile; leftovers of
-        other incarnations are removed by GC. ``incarnation``: delete only that life of the session
-        (``SessionNotFoundError`` if the header names another).
-        """
-        sid = check_session_id(session_id)
-        header, header_object = self.headers.read_object(sid)
-        if incarnation is not None and header.incarnation != incarnation:
-            raise SessionNotFoundError(sid)
-        try:
-            # Listings stop trusting the summary before the header goes (scripts.DELETING).
-            self.coord.mark_deleting(sid, header.incarnation)
-        except BackendError as exc:
-            log.warning("listing summary of %s not marked deleted (%s)", sid, exc)
-        self.ctx.fault("delete.before_header", session_id=sid)
-        # Only the header read above: by the time this runs (a pause, a resend after a lost
-        # answer) the session may have been deleted by another process and created again, and
-        # the name is then the new life's header, which an unconditional delete would take
-        # with it (its acknowledged data then unreachable, and GC's). Our life's header is
-        # gone either way; False changes nothing else here.
-        self._delete_header(sid, header_object)
-        self.headers.forget(sid)
-        self.ctx.fault("delete.after_header", session_id=sid)
-        try:
-            # Drop the state and remember the ended incarnation long enough that no rebuild
-            # which read the header before this delete can be installed (scripts.INSTALL): a
-            # writer that passed CHECK before the delete is then told INCARNATION/HYDRATE at
-            # its COMMIT and never acknowledged for a segment in the ended incarnation.
-            self.coord.forget(
-                sid, header.incarnation, deleted_for_ms=2 * self.options.rebuild_max_age_ms
-            )
-        except BackendError as exc:
-            log.warning("Redis state of deleted session %s not dropped (%s): writers that "
-                        "passed their check before the delete verify against the object "
-                        "store, and the next incarnation replaces the state", sid, exc)
-        # Only this incarnation's objects: once the header is gone the session may be created
-        # again at any moment, and a delete that pauses here (or between its LIST and its
-        # deletes) must not remove a byte of the next life. Leftovers of other incarnations
-        # (an interrupted delete of an earlier life) are GC's (compactor/gc.py).
-        prefix = self.layout.incarnation_prefix(sid, header.incarnation)
-        keys = [i.key for i in self.objects.list(prefix)]
-        # And what the incarnation has beside the sessions: its retention settings and trash
-        # index entries (store/retention.py). Keyed by the incarnation too, so never the next life's.
-        try:
-            keys += self.retention.records_of(sid, header.incarnation)
-        except BackendError as exc:
-            log.warning("retention records of deleted session %s left (%s)", sid, exc)
-        try:
-            keys += self.retention.trash_entries(sid, header.incarnation)
-        except BackendError as exc:
-            log.warning("trash index entries of deleted session %s left (%s)", sid, exc)
-        self.ctx.fault("delete.before_objects", session_id=sid, keys=keys)
-        self.options.retry.call(lambda: self.objects.delete_many(keys))
-
-    def _delete_header(self, sid: str, seen: StoredObject) -> None:
-        key = self.layout.header(sid)
-        try:
-            self.options.retry.call(lambda: self.objects.delete_if_unchanged(key, seen))
-        except ConditionalWritesUnsupportedError:
-            # Only with allow_unsafe_backend (the probe refuses such a backend otherwise).
-            log.warning("%s has no conditional delete: header of %s deleted unconditionally",
-                        type(self.objects).__name__, sid)
-            self.options.retry.call(lambda: self.objects.delete(key))
+        """Remove the session: its header, its Redis keys and every object of its incarnation
+        (``store/deletes.py``). The header goes first; only this incarnation's objects are
+        deleted, so a delete that pauses never removes anything of a new life created
+        meanwhile. ``incarnation``: delete only that life of the session
+        (``SessionNotFoundError`` if the header names another)."""
+        delete_session(self.ctx, self.retention, session_id, incarnation=incarnation)
 
     # --- sessions with pi's semantics ----------------------------------------------------------
 
@@ -610,45 +485,9 @@ class SessionStore:
         Nothing is copied: the fork's header points at the source (and its incarnation), and
         reading the fork reads that path from the source, then the fork's own segments.
         """
-        sid = check_session_id(session_id)
-        source = self.read_session(sid)
-        seq = 0
-        for entry, s in zip(source.entries, source.seqs):
-            if entry["id"] == from_entry_id:
-                seq = s
-                break
-        else:
-            if not any(e["id"] == from_entry_id for e in source.inherited):
-                raise EntryNotFoundError(sid, from_entry_id)
-        new_sid = check_session_id(new_session_id if new_session_id is not None else uuid7())
-        src_pi = source.header.pi_header
-        pi_header = {
-            "type": "session",
-            "version": 3,
-            "id": new_sid,
-            "timestamp": iso_now(),
-            "cwd": src_pi.get("cwd", ""),
-            "parentSession": sid,
-        }
-        fork = ForkPoint(sid, source.header.incarnation, from_entry_id, seq, new_ref_token())
-        if seq > 0:
-            # The fork's header, durable, names its fork point: the segment that holds it is
-            # made durable first (its writer may have paused before its flush; docs/design.md,
-            # "Durable before Redis hears of it").
-            at = self.layout.segment(sid, source.header.incarnation, seq)
-            self.options.retry.call(lambda: self.objects.flush(at))
-        # Registered before the header exists, checked after (store/retention.py,
-        # ``live_forks``): a purge of the source either sees this fork or this fork sees the
-        # source in the trash and undoes itself.
-        ref = self.retention.register_fork(fork, new_sid)
-        handle = self.create_session(new_sid, pi_header=pi_header, fork=fork, config=config)
-        try:
-            self.retention.check_fork_source(fork)
-        except SessionNotFoundError:
-            self.delete_session(new_sid, incarnation=handle.header.incarnation)
-            self.options.retry.call(lambda: self.objects.delete(ref))
-            raise
-        return handle
+        return fork_session(
+            self.ctx, self.retention, self, session_id, from_entry_id, new_session_id, config=config
+        )
 
     # --- retention and the trash (store/retention.py, docs/lifecycle.md) -----------------------
 
@@ -748,7 +587,7 @@ class SessionStore:
         """
         from store.pi_import import import_pi_file
 
-        return import_pi_file(self, source, session_id, on_conflict=on_conflict).handle  # type: ignore[arg-type]
+        return import_pi_file(self, source, session_id, on_conflict=on_conflict).handle
 
     def export_pi_session(self, session_id: str) -> str:
         """A self-contained pi v3 file: pi opens it with the same entries, leaf and context.

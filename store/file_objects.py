@@ -27,7 +27,7 @@ import uuid
 import weakref
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import orjson
 
@@ -37,8 +37,8 @@ from store.errors import (
     InvalidInputError,
     ObjectExistsError,
     ObjectNotFoundError,
-    UnsupportedFormatError,
 )
+from store.faults import FaultHook
 from store.object_store import ObjectInfo, ObjectStore, StoredObject, check_key
 
 _FILE_MAGIC = b"SSOBJ1\n"
@@ -52,8 +52,6 @@ _DIR_ROUNDS = 8
 #: directory met before costs no walk. A cached fd is a hint, checked by the kernel at each
 #: use (docs/design.md, "The file backend": the directory cache).
 _DIR_CACHE = 32
-
-FaultHook = Callable[[str, dict[str, Any]], None]
 
 
 class FileObjectStore(ObjectStore):
@@ -452,48 +450,6 @@ class FileObjectStore(ObjectStore):
             self._forget_dir(dirs)  # a removed directory's fd: of no use any more
             parent = parent.parent
             dirs = dirs[:-1]
-
-
-#: The format of a local store, recorded in ``<root>/.format`` when it is first opened, so that
-#: a directory written in another format (the former log backend's ``log1``) is refused
-#: instead of misread.
-FORMAT_FILES = "files"
-_FORMAT_FILE = ".format"
-
-
-def check_local_format(root: str | os.PathLike[str]) -> None:
-    """Record the file backend's format in a new local store at ``root`` (or one made before
-    the record existed); ``UnsupportedFormatError`` if the directory records another."""
-    path = Path(root).absolute()
-    path.mkdir(parents=True, exist_ok=True)
-    marker = path / _FORMAT_FILE
-    for _ in range(3):
-        try:
-            held = marker.read_text().strip()
-        except FileNotFoundError:
-            held = None
-        if held:
-            if held != FORMAT_FILES:
-                raise UnsupportedFormatError(str(path), held)
-            return
-        dfd = os.open(str(path), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            tmp = f".format-{uuid.uuid4().hex}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
-            try:
-                _write_all(fd, f"{FORMAT_FILES}\n".encode())
-                os.fsync(fd)
-                try:
-                    os.link(tmp, _FORMAT_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
-                except FileExistsError:
-                    pass  # another process recorded it first: read again
-            finally:
-                os.close(fd)
-                os.unlink(tmp, dir_fd=dfd)
-            os.fsync(dfd)  # the record is durable before the store is used
-        finally:
-            os.close(dfd)
-    raise BackendUnavailableError(f"{marker}: could not be read or made")
 
 
 def subdirectories(root: Path, prefix: str) -> list[str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from coordination.redis import Subscription
@@ -27,7 +28,8 @@ from store.layout import check_session_id
 from store.records import Header
 
 if TYPE_CHECKING:
-    from store.core import SessionStore
+    from store.context import StoreContext
+    from store.read import Reader
 
 log = logging.getLogger("sessionstore")
 
@@ -40,8 +42,20 @@ FULL_READ_EVERY = 10
 class Follower:
     """The state of one follow of one session. Not thread-safe: one driver calls it."""
 
-    def __init__(self, store: SessionStore, session_id: str, *, after_seq: int | None) -> None:
-        self.store = store
+    def __init__(
+        self,
+        ctx: StoreContext,
+        reader: Reader,
+        session_id: str,
+        *,
+        after_seq: int | None,
+        last_seq: Callable[[str], int],
+    ) -> None:
+        """``last_seq(session_id)``: the segment a follow without ``after_seq`` starts after
+        (the store's read of the session as a user sees it: ``SessionStore.follower``)."""
+        self.ctx = ctx
+        self.reader = reader
+        self._last_seq = last_seq
         self.session_id = check_session_id(session_id)
         self._after_seq = after_seq
         self._sub: Subscription | None = None
@@ -56,12 +70,8 @@ class Follower:
         or announced."""
         self._sub = self._subscribe()
         try:
-            self._header = self.store.headers.read(self.session_id)
-            self.last = (
-                self._after_seq
-                if self._after_seq is not None
-                else self.store.read_session(self.session_id).seq
-            )
+            self._header = self.ctx.headers.read(self.session_id)
+            self.last = self._after_seq if self._after_seq is not None else self._last_seq(self.session_id)
         except BaseException:
             self.close()
             raise
@@ -73,13 +83,13 @@ class Follower:
         ``FULL_READ_EVERY``-th quiet wake and polling without Redis pay for a whole read.
         """
         assert self._header is not None, "open() first"
-        store, sid = self.store, self.session_id
+        sid = self.session_id
         self._quiet = 0 if self._announced else self._quiet + 1
         full = self._announced or self._quiet % FULL_READ_EVERY == 0
         while True:
             fresh: list[tuple[int, dict[str, Any]]] = []
             if full or self._next_segment_exists():
-                fresh, self.last = store.reader.read_after(sid, self._header, self.last)
+                fresh, self.last = self.reader.read_after(sid, self._header, self.last)
             if fresh or self._same_incarnation():
                 return fresh
             current = self._header_or_none()
@@ -111,16 +121,16 @@ class Follower:
 
     def _next_segment_exists(self) -> bool:
         assert self._header is not None
-        store = self.store
-        key = store.layout.segment(self.session_id, self._header.incarnation, self.last + 1)
+        ctx = self.ctx
+        key = ctx.layout.segment(self.session_id, self._header.incarnation, self.last + 1)
         try:
-            return store.options.retry.call(lambda: store.objects.head(key)) is not None
+            return ctx.options.retry.call(lambda: ctx.objects.head(key)) is not None
         except BackendError:
             return True  # cannot tell cheaply: let the read decide
 
     def _header_or_none(self) -> Header | None:
         try:
-            return self.store.headers.read(self.session_id)
+            return self.ctx.headers.read(self.session_id)
         except SessionNotFoundError:
             return None
 
@@ -128,14 +138,14 @@ class Follower:
         """Does Redis still name our incarnation? (False when it cannot say.)"""
         assert self._header is not None
         try:
-            state = self.store.coord.tail(self.session_id)
+            state = self.ctx.coord.tail(self.session_id)
         except BackendError:
             return False
         return state is not None and state.inc == self._header.incarnation
 
     def _subscribe(self) -> Subscription | None:
         try:
-            return self.store.coord.subscribe(self.session_id)
+            return self.ctx.coord.subscribe(self.session_id)
         except BackendError as exc:
             log.info("notifications for %s unavailable (%s): polling", self.session_id, exc)
             return None

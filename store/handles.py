@@ -2,18 +2,38 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from store.records import AppendResult, Header, TailInfo
 
 if TYPE_CHECKING:
-    from store.core import SessionStore
+    from store.model.session import Session
+
+
+class SessionAppends(Protocol):
+    """Appends and reads of one session's entries (a ``SessionHandle``, a ``SessionManager``)."""
+
+    def append_session_entries(
+        self,
+        session_id: str,
+        entries: Sequence[dict[str, Any]],
+        expected_tail_entry_id: str | None = None,
+        *,
+        incarnation: str | None = None,
+        alone: bool = False,
+    ) -> AppendResult: ...
+
+    def load_session_entries(self, session_id: str) -> list[dict[str, Any]]: ...
+
+    def load_session(self, session_id: str) -> Session: ...
+
+    def get_tail(self, session_id: str) -> TailInfo: ...
 
 
 class SessionHandle:
     """A session created or opened through the store (see ``store.manager`` for pi's API)."""
 
-    def __init__(self, store: "SessionStore", header: Header) -> None:
+    def __init__(self, store: SessionAppends, header: Header) -> None:
         self.store = store
         self.header = header
 
@@ -36,4 +56,4 @@ class SessionHandle:
         return f"SessionHandle({self.session_id!r})"
 
 
-__all__ = ["SessionHandle"]
+__all__ = ["SessionAppends", "SessionHandle"]

@@ -46,27 +46,27 @@ from typing import TYPE_CHECKING
 from store.errors import ObjectExistsError, SessionNotFoundError
 
 if TYPE_CHECKING:
-    from store.core import SessionStore
+    from store.context import StoreContext
 
 log = logging.getLogger("sessionstore")
 
 
-def fence(store: SessionStore, sid: str, incs: Iterable[str]) -> list[str]:
+def fence(ctx: StoreContext, sid: str, incs: Iterable[str]) -> list[str]:
     """Steps 1 and 2: fence ``incs`` (incarnations of ``sid`` the caller found without a
     header, or with another incarnation's header) and return those that may be removed: every
     one the header, read after the fences, does not name."""
     incs = list(dict.fromkeys(incs))
     if not incs:
         return []
-    retry = store.options.retry
+    retry = ctx.options.retry
     for inc in incs:
-        key = store.layout.withdrawn(sid, inc)
+        key = ctx.layout.withdrawn(sid, inc)
         try:
-            retry.call(lambda key=key: store.objects.put_if_absent(key, b"", {}))
+            retry.call(lambda key=key: ctx.objects.put_if_absent(key, b"", {}))
         except ObjectExistsError:
             pass
     try:
-        current = store.headers.read(sid).incarnation
+        current = ctx.headers.read(sid).incarnation
     except SessionNotFoundError:
         current = None
     if current in incs:
@@ -75,26 +75,26 @@ def fence(store: SessionStore, sid: str, incs: Iterable[str]) -> list[str]:
     return [inc for inc in incs if inc != current]
 
 
-def remove(store: SessionStore, sid: str, keys_by_inc: Mapping[str, list[str]]) -> None:
+def remove(ctx: StoreContext, sid: str, keys_by_inc: Mapping[str, list[str]]) -> None:
     """Step 3: delete the listed objects of fenced incarnations, then their fences."""
-    fences = {store.layout.withdrawn(sid, inc) for inc in keys_by_inc}
+    fences = {ctx.layout.withdrawn(sid, inc) for inc in keys_by_inc}
     rest = [k for keys in keys_by_inc.values() for k in keys if k not in fences]
     if rest:
-        store.options.retry.call(lambda: store.objects.delete_many(rest))
-    unfence(store, sid, keys_by_inc)
+        ctx.options.retry.call(lambda: ctx.objects.delete_many(rest))
+    unfence(ctx, sid, keys_by_inc)
 
 
-def unfence(store: SessionStore, sid: str, incs: Iterable[str]) -> None:
+def unfence(ctx: StoreContext, sid: str, incs: Iterable[str]) -> None:
     """The end of step 3: the fences of incarnations whose other objects are deleted."""
-    fences = [store.layout.withdrawn(sid, inc) for inc in incs]
+    fences = [ctx.layout.withdrawn(sid, inc) for inc in incs]
     if fences:
-        store.options.retry.call(lambda: store.objects.delete_many(fences))
+        ctx.options.retry.call(lambda: ctx.objects.delete_many(fences))
 
 
-def withdrawn(store: SessionStore, sid: str, inc: str) -> bool:
+def withdrawn(ctx: StoreContext, sid: str, inc: str) -> bool:
     """The creator's check (a): is ``inc`` fenced (one HEAD)?"""
-    key = store.layout.withdrawn(sid, inc)
-    return store.options.retry.call(lambda: store.objects.head(key)) is not None
+    key = ctx.layout.withdrawn(sid, inc)
+    return ctx.options.retry.call(lambda: ctx.objects.head(key)) is not None
 
 
 __all__ = ["fence", "remove", "unfence", "withdrawn"]

@@ -28,7 +28,7 @@ docs/design.md ("Listing") argues exact-once paging and the cases above.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +49,6 @@ from store.records import Header, SessionInfo
 if TYPE_CHECKING:
     from store.context import StoreContext
     from store.read import SessionData
-    from store.tail import TailKeeper
 
 log = logging.getLogger("sessionstore")
 
@@ -387,10 +386,15 @@ def all_session_ids(objects: ObjectStore, layout: Layout) -> list[str]:
             if (sid := layout.sid_of_dir(name)) is not None]
 
 
+#: What a listing calls for a session whose summary Redis cannot vouch for: its row, read
+#: from the object store, with its Redis state and summary rebuilt (``TailKeeper.summarize``).
+Summarize = Callable[[str, Header], "SessionInfo | None"]
+
+
 class Lister:
-    def __init__(self, ctx: StoreContext, tail: TailKeeper) -> None:
+    def __init__(self, ctx: StoreContext, summarize: Summarize) -> None:
         self.ctx = ctx
-        self.tail = tail
+        self.summarize = summarize
 
     def page(self, cursor: str | None, limit: int, filters: SessionFilter) -> SessionPage:
         ctx = self.ctx
@@ -414,7 +418,7 @@ class Lister:
         deleted, or a delete not finished), and rebuild its Redis state and summary."""
         try:
             header = self.ctx.headers.read(sid)
-            return self.tail.summarize(sid, header)
+            return self.summarize(sid, header)
         except SessionNotFoundError:
             return None
 

@@ -39,10 +39,7 @@ import logging
 import threading
 import weakref
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Callable
-
-if TYPE_CHECKING:
-    from store.core import SessionStore
+from typing import Any, Callable
 
 log = logging.getLogger("sessionstore.maintenance")
 
@@ -52,7 +49,9 @@ GROUP = "sessionstore.maintainers"
 #: How long ``close()`` waits for the maintainer's warm stop.
 CLOSE_WAIT_S = 60.0
 
-Maintainer = Callable[["SessionStore", threading.Event], None]
+#: ``maintain(store, stop)``: the store is the ``SessionStore`` that starts it (typed ``Any``
+#: here: this module sits below the facade, and a maintainer is loaded by name anyway).
+Maintainer = Callable[[Any, threading.Event], None]
 
 _running: weakref.WeakSet[Maintenance] = weakref.WeakSet()
 _warned = False
@@ -79,7 +78,7 @@ def find_maintainer() -> Maintainer | None:
 class Maintenance:
     """The maintenance thread of one store."""
 
-    def __init__(self, store: SessionStore, find: Callable[[], Maintainer | None] = find_maintainer) -> None:
+    def __init__(self, store: Any, find: Callable[[], Maintainer | None] = find_maintainer) -> None:
         self.stop = threading.Event()
         self._thread = threading.Thread(
             target=_run, args=(store, find, self.stop), name="sessionstore-maintenance", daemon=True,
@@ -107,7 +106,7 @@ class Maintenance:
         return True
 
 
-def _run(store: SessionStore, find: Callable[[], Maintainer | None], stop: threading.Event) -> None:
+def _run(store: Any, find: Callable[[], Maintainer | None], stop: threading.Event) -> None:
     try:
         maintainer = find()
         if maintainer is not None and not stop.is_set():

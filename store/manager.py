@@ -27,7 +27,7 @@ from store.model.session import Session, TreeNode
 from store.records import EMPTY_TAIL, AppendResult
 
 if TYPE_CHECKING:
-    from store.core import SessionStore
+    from store.handles import SessionAppends
 
 
 def new_entry_id(taken: Any = ()) -> str:
@@ -38,7 +38,7 @@ def new_entry_id(taken: Any = ()) -> str:
 
 
 class SessionManager:
-    def __init__(self, store: "SessionStore", session_id: str, *, strict: bool = False) -> None:
+    def __init__(self, store: SessionAppends, session_id: str, *, strict: bool = False) -> None:
         self.store = store
         self.session_id = session_id
         self.strict = strict

@@ -17,7 +17,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from store.errors import InvalidInputError
-from store.file_objects import FileObjectStore, check_local_format
+from store.file_objects import FileObjectStore
+from store.local_format import check_local_format
 from store.object_store import (
     MemoryObjectStore,
     ObjectInfo,

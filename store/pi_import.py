@@ -24,7 +24,7 @@ A pi file names its session in its header. What an import does with that id
 so importing the same files again, in the same order, lands in the same sessions).
 
 Everything is decided before the first write: the file is scanned in full
-(``store.pi_format.scan_pi_file``), and its entries are compared with the stored ones before
+(``store.pi.scan.scan_pi_file``), and its entries are compared with the stored ones before
 any new one is sent. Appends are strict on the tail (each batch expects the previous one's
 last entry), so a session that changes during the import is compared again, never merged
 blindly; the batches are the same on every import, so a concurrent import of the same file
@@ -51,7 +51,7 @@ from store.errors import (
 from store.layout import SESSION_ID_RE, check_session_id
 
 if TYPE_CHECKING:
-    from store.core import SessionStore
+    from store.api import Sessions
     from store.handles import SessionHandle
     from store.pi.scan import PiScan
 
@@ -100,7 +100,7 @@ class ImportResult:
 
 
 def import_pi_file(
-    store: "SessionStore",
+    store: Sessions,
     source: Any,
     session_id: str | None = None,
     *,
@@ -147,7 +147,7 @@ def _suffixed(sid: str, n: int) -> str:
 
 
 def _import_into(
-    store: "SessionStore", scan: "PiScan", header: dict[str, Any], sid: str
+    store: Sessions, scan: "PiScan", header: dict[str, Any], sid: str
 ) -> ImportResult:
     from store.handles import SessionHandle
 
@@ -187,7 +187,7 @@ class _Stored:
     tail: str
 
 
-def _stored_view(store: "SessionStore", sid: str) -> _Stored:
+def _stored_view(store: Sessions, sid: str) -> _Stored:
     """The stored session as its export would write it, one hash per entry.
 
     A session of its own is read one stored object at a time (``map_own_entries``): ids and
@@ -221,7 +221,7 @@ def _stored_view(store: "SessionStore", sid: str) -> _Stored:
     return _Stored(entries, frozenset(redacted), tail)
 
 
-def _append_rest(store: "SessionStore", scan: "PiScan", sid: str, *, fresh: bool) -> int:
+def _append_rest(store: Sessions, scan: "PiScan", sid: str, *, fresh: bool) -> int:
     """Compare the stored entries with the file's first ones, then append the rest of the
     file, each batch strict on the tail the previous one left. Returns how many were sent."""
     from store.entries import prepare_batch
@@ -322,7 +322,7 @@ def _header_difference(stored: dict[str, Any], new: dict[str, Any]) -> str:
     return "its header differs"  # pragma: no cover
 
 
-def storable_check(store: "SessionStore") -> Any:
+def storable_check(store: Sessions) -> Any:
     """Pass 1's extra check: what a batch would refuse, found before anything is written."""
     from store.entries import MAX_ID_LENGTH
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from store.entries import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_BATCH_ENTRIES
+from store.faults import FaultHook
 from store.retry import DEFAULT_RETRY, RetryPolicy
 
 if TYPE_CHECKING:
@@ -166,8 +167,6 @@ class SessionInfo:
     #: it, and not to an earlier or abandoned life of the same id, carries the same one.
     incarnation: str | None = None
 
-
-FaultHook = Callable[[str, dict[str, Any]], None]
 
 
 @dataclass(frozen=True, slots=True)

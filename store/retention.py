@@ -74,8 +74,10 @@ from store.object_store import StoredObject
 from store.records import ForkPoint
 
 if TYPE_CHECKING:
-    from store.core import SessionStore
-    from store.read import SessionData
+    from store.api import Sessions
+    from store.append import Appender
+    from store.context import StoreContext
+    from store.read import Reader, SessionData
 
 log = logging.getLogger("sessionstore.retention")
 
@@ -223,12 +225,17 @@ def _marker(kind: str, parent: str | None, now: int, **extra: Any) -> dict[str, 
 class RetentionStore:
     """Settings, trash, restore, purge and fork registrations of one ``SessionStore``."""
 
-    def __init__(self, store: SessionStore) -> None:
-        self.store = store
-        self.layout = store.layout
-        self.objects = store.objects
-        self.retry = store.options.retry
-        self.forks = ForkRegistry(store.layout, store.objects, store.options.retry, store.headers)
+    def __init__(self, ctx: StoreContext, reader: Reader, appender: Appender, sessions: Sessions) -> None:
+        """``sessions``: the store's public API, for what a retention step does as a user
+        would (the true tail, a delete)."""
+        self.ctx = ctx
+        self.reader = reader
+        self.appender = appender
+        self.sessions = sessions
+        self.layout = ctx.layout
+        self.objects = ctx.objects
+        self.retry = ctx.options.retry
+        self.forks = ForkRegistry(ctx.layout, ctx.objects, ctx.options.retry, ctx.headers)
 
     # --- settings ------------------------------------------------------------------------
 
@@ -296,7 +303,7 @@ class RetentionStore:
         if due is None:
             return
         try:
-            self.store.coord.retention_schedule(sid, due, earlier_only=earlier_only)
+            self.ctx.coord.retention_schedule(sid, due, earlier_only=earlier_only)
         except BackendError as exc:
             log.warning("retention of %s not scheduled (%s): the runner's sweep finds it", sid, exc)
 
@@ -306,10 +313,9 @@ class RetentionStore:
         """The session's tail, last activity and setting, of one instant (one read)."""
         from store.listing import last_update_ms
 
-        store = self.store
-        header = store.headers.read(sid)
-        data = store.reader.read(sid, header, use_hint=True)
-        activity = last_update_ms(store.ctx, header, data)
+        header = self.ctx.headers.read(sid)
+        data = self.reader.read(sid, header, use_hint=True)
+        activity = last_update_ms(self.ctx, header, data)
         restored = 0
         for entry in reversed(data.entries):
             if entry.get("type") == MARKER_TYPE and str(entry.get("id", "")).startswith(_RESTORE):
@@ -359,7 +365,6 @@ class RetentionStore:
         marker, appended with the tail the decision read as the expected tail and the
         incarnation it read: an append (or a delete and re-create) since the decision is a
         ``ConflictError`` (or ``SessionNotFoundError``) and nothing is trashed."""
-        store = self.store
         sid, inc = view.session_id, view.incarnation
         purge_after = now + grace_ms
         marker = _marker("trash", view.last_entry_id, now, purge_after_ms=purge_after, reason=reason)
@@ -367,11 +372,11 @@ class RetentionStore:
         # failed trash drops it.
         index = self.layout.trash_entry(sid, inc, marker["id"])
         self._put_index(index, {"reason": reason, "at": now, "purge_after_ms": purge_after})
-        store.ctx.fault("retention.before_trash", session_id=sid)
+        self.ctx.fault("retention.before_trash", session_id=sid)
         from store.records import EMPTY_TAIL
 
         try:
-            store.appender.append(sid, prepare_batch([marker]), view.last_entry_id or EMPTY_TAIL,
+            self.appender.append(sid, prepare_batch([marker]), view.last_entry_id or EMPTY_TAIL,
                                   incarnation=inc)
         except (ConflictError, SessionNotFoundError):
             self._drop_index_unless_trashed(sid, index, marker["id"])
@@ -392,7 +397,7 @@ class RetentionStore:
         """Drop the entry of a trash event whose marker was refused, unless the marker is in
         the log after all (only this event's entry: another event's is its own)."""
         try:
-            last = self.store.get_tail(sid).last_entry_id
+            last = self.sessions.get_tail(sid).last_entry_id
         except SessionNotFoundError:
             last = ""
         if last != marker_id:
@@ -405,7 +410,7 @@ class RetentionStore:
 
     def _count(self, event: str) -> None:
         try:
-            self.store.coord.retention_count(event)
+            self.ctx.coord.retention_count(event)
         except BackendError:
             pass  # a metric, never a reason to fail
 
@@ -417,25 +422,24 @@ class RetentionStore:
         took that slot; ``SessionTrashedError`` with ``purging``, or ``SessionNotFoundError``
         once it finished), and a purge that comes later finds the tail moved and purges
         nothing."""
-        store = self.store
         now = now_ms() if now is None else now
-        header = store.headers.read(sid)
-        tail = store.get_tail(sid)
+        header = self.ctx.headers.read(sid)
+        tail = self.sessions.get_tail(sid)
         mark = trash_mark(tail.last_entry_id)
         if mark is None:
             raise NotInTrashError(sid)
         if mark.purging:
             raise SessionTrashedError(sid, mark.purge_after_ms, purging=True)
-        store.ctx.fault("retention.before_restore", session_id=sid)
+        self.ctx.fault("retention.before_restore", session_id=sid)
         marker = _marker("restore", tail.last_entry_id, now)
         try:
-            store.appender.append(sid, prepare_batch([marker]), tail.last_entry_id, incarnation=header.incarnation)
+            self.appender.append(sid, prepare_batch([marker]), tail.last_entry_id, incarnation=header.incarnation)
         except ConflictError as exc:
             later = trash_mark(exc.actual_tail_entry_id or "")
             if later is not None and later.purging:
                 raise SessionTrashedError(sid, later.purge_after_ms, purging=True) from None
             raise NotInTrashError(sid, "restored or purged meanwhile") from None
-        store.ctx.fault("retention.restored", session_id=sid)
+        self.ctx.fault("retention.restored", session_id=sid)
         # The entry of the trash event restored (the marker at the tail), and one written
         # before entries were named by their event: never the entry of a later event, which
         # a restore paused here would otherwise drop when the session is trashed again.
@@ -461,7 +465,6 @@ class RetentionStore:
         and a purge never both succeed; only after the marker is committed does the delete
         begin. A purge that stops after its marker leaves the session *purging*: it cannot be
         restored, and the next run deletes it."""
-        store = self.store
         sid, inc = view.session_id, view.incarnation
         mark = view.trash
         if mark is None:
@@ -472,15 +475,15 @@ class RetentionStore:
             forks = self.live_forks(sid, inc)
             if forks:
                 raise SessionHasForksError(sid, forks)
-            store.ctx.fault("retention.before_purge", session_id=sid)
+            self.ctx.fault("retention.before_purge", session_id=sid)
             marker = _marker("purge", view.last_entry_id, now, purge_after_ms=mark.purge_after_ms)
-            store.appender.append(sid, prepare_batch([marker]), view.last_entry_id, incarnation=inc)
-        store.ctx.fault("retention.purge_marked", session_id=sid)
+            self.appender.append(sid, prepare_batch([marker]), view.last_entry_id, incarnation=inc)
+        self.ctx.fault("retention.purge_marked", session_id=sid)
         try:
-            store.delete_session(sid, incarnation=inc)
+            self.sessions.delete_session(sid, incarnation=inc)
         except SessionNotFoundError:
             pass  # another purge finished it (and the id may live again: not ours to delete)
-        store.ctx.fault("retention.purged_session", session_id=sid)
+        self.ctx.fault("retention.purged_session", session_id=sid)
         keys = self.trash_entries(sid, inc)
         keys += self._records(sid, inc)
         keys += [reg.key for reg in self.forks.registrations(sid, inc)]
@@ -490,7 +493,7 @@ class RetentionStore:
             keys += self.forks.own_keys(view.fork.session_id, view.fork.incarnation, sid, view.fork.ref)
         self.retry.call(lambda: self.objects.delete_many(keys))
         try:
-            store.coord.retention_unschedule(sid)
+            self.ctx.coord.retention_unschedule(sid)
         except BackendError:
             pass
         self._count("purged")
@@ -505,12 +508,11 @@ class RetentionStore:
     def check_fork_source(self, fork: ForkPoint) -> None:
         """After the fork's header exists: its source must still be of the fork point's
         incarnation and not in the trash (the caller undoes the fork otherwise)."""
-        store = self.store
-        src = store.headers.read(fork.session_id)
+        src = self.ctx.headers.read(fork.session_id)
         if src.incarnation != fork.incarnation:
             raise SessionNotFoundError(fork.session_id)
-        store.headers.forget(fork.session_id)  # get_tail below must not use a stale copy
-        refuse_if_trashed(fork.session_id, store.get_tail(fork.session_id).last_entry_id)
+        self.ctx.headers.forget(fork.session_id)  # get_tail below must not use a stale copy
+        refuse_if_trashed(fork.session_id, self.sessions.get_tail(fork.session_id).last_entry_id)
 
     def live_forks(self, sid: str, inc: str) -> list[str]:
         """Forks of (``sid``, ``inc``), pi or stream, whose header exists and names that fork
@@ -545,11 +547,11 @@ class RetentionStore:
         the trash by that event. (A purge in progress has its own marker at the tail: its
         event is not known there, and ``list_trash`` keeps the newest entry.)"""
         try:
-            header = self.store.headers.read(sid)
+            header = self.ctx.headers.read(sid)
             if header.incarnation != inc:
                 return None
-            self.store.headers.forget(sid)
-            last = self.store.get_tail(sid).last_entry_id
+            self.ctx.headers.forget(sid)
+            last = self.sessions.get_tail(sid).last_entry_id
         except SessionNotFoundError:
             return None
         mark = trash_mark(last)

@@ -360,6 +360,7 @@ def test_manager_appends_batches_and_forks(s3_url: str, redis_url: str, redis_pr
 #: SessionStore methods with no awaitable twin, and why.
 _SYNC_ONLY = {
     "from_url": "AsyncSessionStore.open builds the store off the loop",
+    "follower": "a follow's state for a driver of its own: AsyncSessionStore.follow drives it",
     "append_prepared": "an importer's seam: the batch is prepared by the caller",
     "hydrate": "rebuilds Redis's state: an operator's tool (the CLI)",
     "iter_export_pi_session": "a generator of lines; export_pi_session awaits the whole file",

@@ -7,8 +7,12 @@
 - ``coordination/`` imports only the store's errors and retry policy (and itself): it is the
   Redis boundary, not a user of the store.
 - No import circles among the project's modules. Every import counts, including those inside
-  functions (an import moved into a function to dodge a circle is still a circle); imports
-  under ``if TYPE_CHECKING:`` do not (they never run).
+  functions (an import moved into a function to dodge a circle is still a circle) and those
+  under ``if TYPE_CHECKING:`` (a circle a type checker has to follow is one a reader has to
+  follow too). ``from package import module`` is an import of that module.
+- No module but the facade (``store/core.py``) reads a private attribute (a leading ``_``) of a
+  ``SessionStore``: satellites take the ``StoreContext`` and the protocol objects, or the
+  store's public methods.
 - The library reaches into no dependency's private modules or names (``redis._parsers``: a
   dependency's upgrade may change them without notice), and never changes the host process's
   interpreter-wide state (its garbage collector, its thread switch interval): it is a guest.
@@ -38,22 +42,10 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for stmt in node.body:
-                skip.update(id(inner) for inner in ast.walk(stmt))
-    return skip
-
-
 def _imported_names(name: str, path: Path) -> Iterator[str]:
     tree = ast.parse(path.read_text())
-    skip = _type_checking_nodes(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -63,8 +55,12 @@ def _imported_names(name: str, path: Path) -> Iterator[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            yield module
-            yield from (f"{module}.{alias.name}" for alias in node.names)
+            names = [f"{module}.{alias.name}" for alias in node.names]
+            # ``from store import creates`` imports the module ``store.creates``; ``from
+            # store.core import SessionStore`` imports ``store.core``.
+            if not all(n in MODULES for n in names):
+                yield module
+            yield from names
 
 
 def _resolve(imported: str) -> str | None:
@@ -134,6 +130,16 @@ def test_the_checker_sees_the_modules_and_their_imports() -> None:
     assert {"store.core", "store.append", "store.read", "coordination.redis", "compactor.gc"} <= set(MODULES)
     assert "store.append" in GRAPH["store.core"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_checker_counts_type_checking_imports_and_imports_of_submodules(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from typing import TYPE_CHECKING\nfrom store import creates\n"
+        "if TYPE_CHECKING:\n    from store.core import SessionStore\n"
+    )
+    found = {_resolve(i) for i in _imported_names("store.sample", sample)}
+    assert found == {None, "store.creates", "store.core"}
 
 
 def test_the_store_never_imports_the_compactor() -> None:
@@ -233,3 +239,49 @@ def test_no_private_api_of_a_dependency_and_no_interpreter_wide_switch() -> None
         name: [*_private_imports(path), *_global_switches(path)] for name, path in MODULES.items()
     }
     assert {k: v for k, v in found.items() if v} == _KNOWN_PRIVATE
+
+
+def _private_names_of_the_facade() -> set[str]:
+    """The private attributes of ``SessionStore``: its ``_`` methods and the ``self._x`` it
+    sets or reads."""
+    tree = ast.parse(MODULES["store.core"].read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SessionStore"]
+    names: set[str] = set()
+    for node in ast.walk(cls):
+        if isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def _reads_of(path: Path, private: set[str]) -> Iterator[str]:
+    """``x._name`` for a private name of the facade, on anything but the module's own ``self``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in private
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            yield f"{ast.unparse(node)} (line {node.lineno})"
+
+
+def test_the_checker_sees_reads_of_the_facades_private_attributes(tmp_path: Path) -> None:
+    private = _private_names_of_the_facade()
+    assert {"_ensure_probed", "_maintenance"} <= private
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "def f(store, self):\n    store._ensure_probed()\n    self._maintenance\n"
+        "    store.reader\n    worker.store._maintenance\n"
+    )
+    assert sorted(_reads_of(sample, private)) == [
+        "store._ensure_probed (line 2)", "worker.store._maintenance (line 5)",
+    ]
+
+
+def test_no_module_but_the_facade_reads_its_private_attributes() -> None:
+    private = _private_names_of_the_facade()
+    found = {
+        name: list(_reads_of(path, private)) for name, path in MODULES.items() if name != "store.core"
+    }
+    assert {k: v for k, v in found.items() if v} == {}

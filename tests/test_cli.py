@@ -33,7 +33,8 @@ from store.cli.common import Exit
 from store.embedded import EmbeddedRedis
 from store.file_objects import FileObjectStore
 from store.layout import LAYOUT_SPREAD, Layout
-from store.pi_format import dumps_js, read_pi_file
+from store.model.js_json import dumps_js
+from store.pi.scan import read_pi_file
 
 FIXTURES = pi_fixtures()
 REPO = Path(__file__).resolve().parents[1]

@@ -33,7 +33,7 @@ from store.entries import encode_entries
 from store.errors import CorruptObjectError
 from store.objects import ObjectInfo, ObjectStore, StoredObject, object_store_from_url, s3_prefix_of
 from store.records import ForkPoint
-from store.session import Session
+from store.model.session import Session
 
 
 GRACE_MS = 60_000

@@ -23,27 +23,14 @@ import pytest
 from pi_samples import conversation_message, pi_expected, pi_fixtures, pi_scenarios
 
 from store.errors import EntryNotFoundError, InvalidEntryError, InvalidInputError
-from store.pi_format import (
-    PiFile,
-    dumps_js,
-    export_pi_bytes,
-    export_pi_lines,
-    js_number_to_string,
-    js_to_number,
-    mint_id,
-    normalize_js_value,
-    parse_pi_lines,
-    read_pi_file,
-)
-from store.session import (
-    Session,
-    TreeNode,
-    branch_path,
-    build_session_context,
-    js_date_ms,
-    js_trim,
-    validate_entry,
-)
+from store.model.context import branch_path, build_session_context
+from store.model.js import js_date_ms, js_number_to_string, js_to_number, js_trim
+from store.model.js_json import dumps_js, normalize_js_value
+from store.model.rules import validate_entry
+from store.model.session import Session, TreeNode
+from store.pi.export import export_pi_bytes, export_pi_lines
+from store.pi.migrate import mint_id
+from store.pi.scan import PiFile, parse_pi_lines, read_pi_file
 
 FIXTURES = pi_fixtures()
 

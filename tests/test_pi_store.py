@@ -29,8 +29,9 @@ from store.errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
-from store.pi_format import dumps_js, read_pi_file
-from store.session import Session
+from store.model.js_json import dumps_js
+from store.model.session import Session
+from store.pi.scan import read_pi_file
 
 FIXTURES = pi_fixtures()
 SCENARIOS = pi_scenarios()

@@ -25,14 +25,8 @@ from pi_samples import conversation_message, pi_fixtures, pi_scenarios
 
 from store.core import SessionStore
 from store.errors import BatchTooLargeError, InvalidEntryError, InvalidInputError
-from store.pi_format import (
-    PiFile,
-    PiScan,
-    dumps_js,
-    iter_pi_entries,
-    read_pi_file,
-    scan_pi_file,
-)
+from store.model.js_json import dumps_js
+from store.pi.scan import PiFile, PiScan, iter_pi_entries, read_pi_file, scan_pi_file
 
 FIXTURES = pi_fixtures()
 SCENARIOS = pi_scenarios()
@@ -501,7 +495,8 @@ _IMPORT_SCRIPT = textwrap.dedent(
     import gc, json, resource, sys
     from pathlib import Path
     from store import SessionStore
-    from store.pi_format import dumps_js, read_pi_file
+    from store.model.js_json import dumps_js
+    from store.pi.scan import read_pi_file
 
     path, objects, redis_url, prefix, max_batch_bytes = sys.argv[1:6]
     store = SessionStore.from_url(objects, redis_url, redis_prefix=prefix,

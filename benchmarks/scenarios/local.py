@@ -54,7 +54,7 @@ from benchmarks.context import Context
 from benchmarks.results import fmt_ms, fmt_ratio
 from benchmarks.stats import median, ratio_ci, summarize
 from benchmarks.workload import chain, encode
-from store.session import Session
+from store.model.session import Session
 
 _HEADER = {"type": "session", "version": 3, "id": "local", "timestamp": "2026-01-01T00:00:00.000Z", "cwd": "/bench"}
 _TEXT = ("The quick brown fox jumps over the lazy dog; " * 24)[:1000]

@@ -32,7 +32,7 @@ from benchmarks.context import Context
 from benchmarks.results import fmt_ms, fmt_ratio
 from benchmarks.stats import median
 from benchmarks.workload import chain, encode
-from store.session import Session
+from store.model.session import Session
 
 
 def setup(ctx: Context) -> None:

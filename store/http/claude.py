@@ -37,14 +37,14 @@ from store.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from store.adapters.claude_agent_sdk import ClaudeSessionStore
-    from store.http.app import StreamService
+    from store.http.service import RouteService
 
 CLAUDE_ROOT = "/v1/claude"
 _SNAKE = re.compile(r"_([a-z0-9])")
 
 
 class ClaudeRoutes:
-    def __init__(self, service: StreamService) -> None:
+    def __init__(self, service: RouteService) -> None:
         self.service = service
         self._stores: dict[str, ClaudeSessionStore] = {}
 

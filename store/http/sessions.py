@@ -34,8 +34,8 @@ from store.listing import SessionFilter
 from store.streams import PI_KIND, StreamNotFoundError
 
 if TYPE_CHECKING:
-    from store.http.app import StreamService
     from store.handles import SessionHandle
+    from store.http.service import RouteService
     from store.records import Header, SessionInfo
 
 SESSIONS_ROOT = "/v1/sessions"
@@ -46,7 +46,7 @@ _CURSOR_PREFIX = "s1."
 
 
 class SessionRoutes:
-    def __init__(self, service: StreamService) -> None:
+    def __init__(self, service: RouteService) -> None:
         self.service = service
         self.store = service.store
 

@@ -9,6 +9,6 @@ reads and writes them (``tests/fixtures/pi/SPEC.md``, ``docs/pi-format.md``).
   two-pass ``scan_pi_file`` / ``iter_pi_entries``.
 - :mod:`store.pi.export`: ``export_pi_bytes`` / ``export_pi_lines``.
 
-The semantics they share live in :mod:`store.model`. ``store.pi_format`` re-exports the
-public names. This package imports none of its modules: import them by name.
+The semantics they share live in :mod:`store.model`. This package imports none of its
+modules: import them by name.
 """
