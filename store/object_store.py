@@ -38,6 +38,15 @@ _KEY_MAX = 1024
 _PROBE_VERSION = 2
 
 
+def verdict_key(prefix: str, identity: str) -> str:
+    """Where a passed probe of the backend ``identity`` is recorded below ``prefix``
+    (``ObjectStore.verify_conditional_writes``). The probe's version is in the name: a store
+    probed before the probe checked more (conditional deletes, from version 2) is probed
+    again, once."""
+    digest = hashlib.sha256(f"{identity}\n{_PROBE_VERSION}".encode()).hexdigest()[:16]
+    return f"{prefix}verdict-{digest}"
+
+
 def check_key(key: str) -> str:
     """``key`` if it is a safe relative path of components, else ``InvalidKeyError``.
 
@@ -186,10 +195,7 @@ class ObjectStore(ABC):
         place behind the same endpoint and bucket is not noticed: delete ``<prefix>verdict-*``
         then (``doctor`` always probes).
         """
-        # The probe's version is in the name: a store probed before the probe checked more
-        # (conditional deletes, from version 2) is probed again, once.
-        digest = hashlib.sha256(f"{self.identity}\n{_PROBE_VERSION}".encode()).hexdigest()[:16]
-        key = f"{prefix}verdict-{digest}"
+        key = verdict_key(prefix, self.identity)
         if self.head(key) is not None:
             return
         self.probe_conditional_writes(prefix)

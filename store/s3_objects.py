@@ -77,6 +77,11 @@ def parse_s3_url(url: str) -> S3Config:
     return S3Config(bucket=parsed.netloc, prefix=prefix, **kwargs)
 
 
+def s3_identity(config: S3Config) -> str:
+    """The identity (``ObjectStore.identity``) of the S3 backend ``config`` names."""
+    return f"s3 {config.endpoint_url or 'aws'} {config.bucket}"
+
+
 class S3ObjectStore(ObjectStore):
     def __init__(self, config: S3Config, *, client: Any = None) -> None:
         super().__init__()
@@ -110,7 +115,7 @@ class S3ObjectStore(ObjectStore):
 
     @property
     def identity(self) -> str:
-        return f"s3 {self.config.endpoint_url or 'aws'} {self.bucket}"
+        return s3_identity(self.config)
 
     def _sse_args(self) -> dict[str, str]:
         args: dict[str, str] = {}

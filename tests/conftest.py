@@ -85,8 +85,12 @@ from harness.s3_server import s3_url as _make_s3_url  # noqa: E402
 EXTERNAL_S3_URL = os.environ.get("SESSIONSTORE_TEST_S3_URL") or None
 EXTERNAL_REDIS_URL = os.environ.get("SESSIONSTORE_TEST_REDIS_URL") or None
 
-#: The local S3 backends, in the order their tests run.
-S3_BACKENDS = ("moto", "seaweedfs")
+#: The local S3 backends, in the order their tests run. The first is the one tests outside
+#: ``EVERY_BACKEND`` use: SeaweedFS, a real object store in its own process, where moto's
+#: server shares the test process (and its interpreter lock) with the code under test and
+#: made the same tests take about 45% longer (tests/test_pi_store.py, test_listing.py,
+#: test_cli.py: 150 s against 104 s, the same CPU time).
+S3_BACKENDS = ("seaweedfs", "moto")
 
 #: Test modules whose behaviour depends on the object store's own semantics (conditional
 #: creates and deletes, listing order and pages, errors, latency under concurrency): each of
@@ -333,14 +337,32 @@ def s3_location(s3_backend: str, request: pytest.FixtureRequest) -> Iterator[S3L
         _delete_prefix(location)
         return
     # By name, not through ``s3_server``: a module may shadow that fixture (test_harness.py).
+    server: S3Server | SeaweedServer
     if s3_backend == "seaweedfs":
-        weed: SeaweedServer = request.getfixturevalue("seaweed_server")
+        server = request.getfixturevalue("seaweed_server")
         bucket: str = request.getfixturevalue("seaweed_bucket")
-        yield S3Location(bucket, _unique("p"), weed.endpoint_url, weed.region, backend="seaweedfs")
-        return
-    moto: S3Server = request.getfixturevalue("moto_server")
-    bucket = moto.create_bucket(new_bucket_name())
-    yield S3Location(bucket, _unique("p"), moto.endpoint_url, moto.region, backend="moto")
+    else:
+        server = request.getfixturevalue("moto_server")
+        bucket = server.create_bucket(new_bucket_name())
+    location = S3Location(bucket, _unique("p"), server.endpoint_url, server.region, backend=s3_backend)
+    _record_probe_verdict(server, location)
+    yield location
+
+
+def _record_probe_verdict(server: S3Server | SeaweedServer, location: S3Location) -> None:
+    """Record that this backend passed the conditional-write probe, below the test's fresh
+    prefix, as the first store opened there would have (``verify_conditional_writes``): each
+    store and CLI process of the test then finds it with one HEAD, as every process of a
+    store in use does, instead of the first one probing (ten requests, a tenth of a second of
+    a test's setup). The probe itself runs against both servers in
+    ``test_store.py::test_the_first_store_on_a_new_prefix_probes_the_backend_and_records_its_verdict``."""
+    from store.layout import Layout
+    from store.object_store import verdict_key
+    from store.s3_objects import parse_s3_url, s3_identity
+
+    identity = s3_identity(parse_s3_url(location.url))
+    key = verdict_key(Layout(location.key_prefix).probe_prefix, identity)
+    server.shared_client().put_object(Bucket=location.bucket, Key=key, Body=identity.encode() + b"\n")
 
 
 def _delete_prefix(location: S3Location) -> None:

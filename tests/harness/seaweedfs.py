@@ -221,6 +221,10 @@ class SeaweedServer:
         kwargs.setdefault("secret_access_key", self.secret_access_key)
         return s3_client(endpoint_url or self.endpoint_url, **kwargs)
 
+    def shared_client(self) -> Any:
+        """One boto3 client of this server, built once."""
+        return self._shared_client()
+
     def _shared_client(self) -> Any:
         if self._client is None:  # building a client costs ~0.4 s (boto3 loads its model)
             self._client = self.client()
