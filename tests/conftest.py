@@ -151,6 +151,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "long: takes a minute or more on its own; collected first, so that parallel workers "
         "start the long tests early instead of ending the run with them",
     )
+    config.addinivalue_line(
+        "markers",
+        "empty_prefix: the test's S3 prefix starts empty (no probe verdict recorded in it): "
+        "for tests of the object store itself and of the probe",
+    )
     selected_s3_backends()  # a bad SESSIONSTORE_TEST_S3_BACKENDS is a usage error up front
 
 
@@ -345,7 +350,8 @@ def s3_location(s3_backend: str, request: pytest.FixtureRequest) -> Iterator[S3L
         server = request.getfixturevalue("moto_server")
         bucket = server.create_bucket(new_bucket_name())
     location = S3Location(bucket, _unique("p"), server.endpoint_url, server.region, backend=s3_backend)
-    _record_probe_verdict(server, location)
+    if request.node.get_closest_marker("empty_prefix") is None:
+        _record_probe_verdict(server, location)
     yield location
 
 
@@ -354,8 +360,9 @@ def _record_probe_verdict(server: S3Server | SeaweedServer, location: S3Location
     prefix, as the first store opened there would have (``verify_conditional_writes``): each
     store and CLI process of the test then finds it with one HEAD, as every process of a
     store in use does, instead of the first one probing (ten requests, a tenth of a second of
-    a test's setup). The probe itself runs against both servers in
-    ``test_store.py::test_the_first_store_on_a_new_prefix_probes_the_backend_and_records_its_verdict``."""
+    a test's setup). Tests marked ``empty_prefix`` get an empty prefix: the object store's
+    contract, and the probe itself (``test_store.py::test_the_conditional_write_probe_runs_once_per_store_and_backend``,
+    on both servers)."""
     from store.layout import Layout
     from store.object_store import verdict_key
     from store.s3_objects import parse_s3_url, s3_identity

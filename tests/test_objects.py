@@ -275,6 +275,7 @@ class S3Paging:
         check_tricky_listing(objects, prefix)
 
 
+@pytest.mark.empty_prefix
 class TestS3ObjectStore(S3Paging, ObjectStoreContract):
     @pytest.fixture
     def objects(self, s3_url: str) -> Iterator[ObjectStore]:
@@ -310,6 +311,7 @@ class TestS3ObjectStore(S3Paging, ObjectStoreContract):
             missing.close()
 
 
+@pytest.mark.empty_prefix
 class TestS3TreeListing(S3Paging, ObjectStoreContract):
     """The directory-by-directory listing SeaweedFS needs, on every backend: it must read
     the same keys in the same order as S3's own listing (moto's is AWS's byte order)."""

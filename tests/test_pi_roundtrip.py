@@ -33,7 +33,7 @@ PYTHON_NUMBERS = [
 
 
 def _snapshot(store: SessionStore, sid: str) -> tuple[Any, ...]:
-    return (store.get_tail(sid), store.load_session_entries(sid), sorted(i.key for i in store.objects.list("")))
+    return (store.get_tail(sid), store.load_session_entries(sid), sorted(i.key for i in store.objects.list(store.layout.prefix)))
 
 
 def _assert_round_trip_changes_nothing(store: SessionStore, sid: str) -> None:
