@@ -42,15 +42,19 @@ def compacted(store: SessionStore, clock: FakeClock, sid: str, segments: int = 3
     assert compactor_for(store, clock).compact_session(sid).outcome == "compacted"
 
 
-@pytest.mark.long
+#: Idle sessions beside the due one: enough that a scan of them (2 requests each) could never
+#: pass for the due session's GC (at most 10).
+IDLE = 50
+
+
 def test_only_due_sessions_cost_object_requests(store: SessionStore) -> None:
     clock = FakeClock()
     gc = scheduler(store, clock)
-    idle = [f"idle{i}" for i in range(200)]
+    idle = [f"idle{i}" for i in range(IDLE)]
     for sid in idle:
         compacted(store, clock, sid, segments=1)
     clock.advance(GRACE_MS)
-    assert gc.collect_due().sessions == 200  # their entries are collected and gone
+    assert gc.collect_due().sessions == IDLE  # their entries are collected and gone
     assert all(keys_of(store, sid) == reachable(store, sid) for sid in idle[:5])
 
     compacted(store, clock, "due")
@@ -62,8 +66,8 @@ def test_only_due_sessions_cost_object_requests(store: SessionStore) -> None:
     result = gc.collect_due()
     assert result.sessions == 1 and result.count("segment") == 3
     # One session's GC: a LIST of it and one of its manifests (2 requests on moto, a few
-    # more where the backend lists directory by directory); a scan of the 200 idle ones
-    # would take at least 400.
+    # more where the backend lists directory by directory); a scan of the idle ones would
+    # take at least two requests each (100).
     assert 2 <= store.objects.requests["list"] <= 10
     assert store.objects.requests["get"] + store.objects.requests["head"] <= 10
     assert keys_of(store, "due") == reachable(store, "due")

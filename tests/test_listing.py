@@ -306,7 +306,7 @@ def test_exact_once_while_other_threads_create_and_delete(store: SessionStore, m
 def test_requests_grow_with_pages_not_sessions(store: SessionStore, redis_url: str) -> None:
     import redis
 
-    n, page_size = 1500, 100
+    n, page_size = 600, 40  # 15 pages
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda i: store.create_session(f"n{i:05d}", cwd=f"/r/{i % 7}"), range(n)))
     server = redis.Redis.from_url(redis_url)
