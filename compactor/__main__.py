@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "history":
             _print([asdict(r) for r in compactor.history(args.session)])
         elif args.command == "parked":
-            queue = JobQueue(store.coord, group=WorkerOptions().group, consumer=options.worker)
+            queue = JobQueue(compactor.ctx.coord, group=WorkerOptions().group, consumer=options.worker)
             _print({sid: asdict(p) for sid, p in queue.parked().items()})
         return 0
     except SessionStoreError as exc:

@@ -43,9 +43,11 @@ from compactor.purge import purge_now
 from store import incarnations
 from store.errors import InvalidInputError, ObjectNotFoundError, SessionNotFoundError, SessionTrashedError
 from store.layout import check_session_id
+from store.read import Reader
 
 if TYPE_CHECKING:
     from compactor.compact import Compactor
+    from store.context import StoreContext
     from store.core import SessionStore
 
 log = logging.getLogger("sessionstore.compactor.erasure")
@@ -113,16 +115,17 @@ def erase_sessions(store: SessionStore, session_ids: Iterable[str], *, dry_run: 
     sids = [check_session_id(s) for s in session_ids]
     if not sids:
         raise InvalidInputError("name the sessions to erase")
+    ctx = store.ctx
     out: list[Erased] = []
     for sid in sids:
-        objects = _session_objects(store, sid)
-        redis_keys = _session_redis_keys(store, sid)
+        objects = _session_objects(ctx, sid)
+        redis_keys = _session_redis_keys(ctx, sid)
         try:
             header = store.get_header(sid)
         except SessionNotFoundError:
             note = ("no such session; leftovers removed" if objects else "no such session",)
             if objects and not dry_run:
-                _remove_other_lives(store, sid, objects, None)
+                _remove_other_lives(ctx, sid, objects, None)
             out.append(Erased(sid, "unchanged" if not objects else ("would delete" if dry_run else "deleted"),
                               objects_deleted=0 if dry_run else len(objects), notes=note))
             continue
@@ -132,7 +135,7 @@ def erase_sessions(store: SessionStore, session_ids: Iterable[str], *, dry_run: 
             continue
         destroyed = _destroy_keys(store, sid)
         store.delete_session(sid)  # the header, then this life's objects
-        _remove_other_lives(store, sid, objects, header.incarnation)
+        _remove_other_lives(ctx, sid, objects, header.incarnation)
         out.append(Erased(sid, "deleted", objects_deleted=len(objects),
                           redis_keys_dropped=len(redis_keys), keys_destroyed=destroyed))
         log.info("erased session", extra={"session_id": sid, "objects": len(objects)})
@@ -169,7 +172,7 @@ def erase_matching(
             # Hidden from readers, still in storage until its purge: it must be erased too.
             # Nothing may be appended to it (a redaction neither), so it goes whole.
             trashed = True
-            data = store.reader.read_session(sid)
+            data = Reader(compactor.ctx).read_session(sid)
         except SessionNotFoundError:
             out.append(Erased(sid, "unchanged", notes=("no such session",)))
             continue
@@ -199,7 +202,7 @@ def erase_matching(
         if not matching:
             # Redacted already (an earlier request that was not purged): purge now.
             pending = [e for e in data.entries if str(e["id"]) in redacted]
-            if pending and not dry_run and _stored_anywhere(store, sid, needle):
+            if pending and not dry_run and _stored_anywhere(compactor.ctx, sid, needle):
                 purged = purge_now(compactor, sid)
                 out.append(Erased(sid, "redacted", objects_deleted=len(purged.deleted), notes=tuple(notes)))
             else:
@@ -221,15 +224,16 @@ def scan_for(store: SessionStore, needle: str | bytes, *, parallel: int = 8) -> 
     """Every object of the store and every Redis key under its prefix, searched for
     ``needle`` (as UTF-8 bytes, and as JSON escapes it to when it holds non-ASCII text)."""
     forms = _forms(needle)
+    ctx = store.ctx
     # The store's own keys: under its root prefix (a bucket may hold other stores too).
-    root = store.layout.prefix
-    objects = store.options.retry.call(lambda: [i.key for i in store.objects.list(root)])
+    root = ctx.layout.prefix
+    objects = ctx.options.retry.call(lambda: [i.key for i in ctx.objects.list(root)])
     hits: list[Hit] = []
     vanished = 0
 
     def look(key: str) -> tuple[str, bool | None]:
         try:
-            data = store.options.retry.call(lambda: store.objects.get(key)).data
+            data = ctx.options.retry.call(lambda: ctx.objects.get(key)).data
         except ObjectNotFoundError:
             return key, None
         return key, any(f in data for f in forms) or any(f in key.encode() for f in forms)
@@ -241,8 +245,8 @@ def scan_for(store: SessionStore, needle: str | bytes, *, parallel: int = 8) -> 
             elif found:
                 hits.append(Hit("object", key))
     redis_keys = 0
-    client = store.coord.client
-    for key, part, value in _redis_values(client, f"{store.coord.keys.prefix}:*"):
+    client = ctx.coord.client
+    for key, part, value in _redis_values(client, f"{ctx.coord.keys.prefix}:*"):
         redis_keys += part == ""
         if any(f in value for f in forms):
             hits.append(Hit("redis", key.decode("utf-8", "replace"), part))
@@ -275,28 +279,28 @@ def _forms(needle: str | bytes) -> tuple[bytes, ...]:
     return tuple(dict.fromkeys((raw, escaped, ascii_escaped)))
 
 
-def _session_objects(store: SessionStore, sid: str) -> list[str]:
-    prefix = store.layout.session_prefix(sid)
-    return store.options.retry.call(lambda: [i.key for i in store.objects.list(prefix)])
+def _session_objects(ctx: StoreContext, sid: str) -> list[str]:
+    prefix = ctx.layout.session_prefix(sid)
+    return ctx.options.retry.call(lambda: [i.key for i in ctx.objects.list(prefix)])
 
 
-def _remove_other_lives(store: SessionStore, sid: str, objects: list[str], current: str | None) -> None:
+def _remove_other_lives(ctx: StoreContext, sid: str, objects: list[str], current: str | None) -> None:
     """Leftovers of the session's other incarnations (an earlier life whose delete was
     interrupted, a create that was withdrawn). One without a header may be a life being
     created right now: each is fenced first, and one whose header appeared meanwhile is left
     alone (store/incarnations.py)."""
     by_inc: dict[str, list[str]] = {}
     for key in objects:
-        parsed = store.layout.parse(key)
+        parsed = ctx.layout.parse(key)
         if parsed is not None and parsed.incarnation is not None and parsed.incarnation != current:
             by_inc.setdefault(parsed.incarnation, []).append(key)
-    removable = incarnations.fence(store.ctx, sid, by_inc)
-    incarnations.remove(store.ctx, sid, {inc: by_inc[inc] for inc in removable})
+    removable = incarnations.fence(ctx, sid, by_inc)
+    incarnations.remove(ctx, sid, {inc: by_inc[inc] for inc in removable})
 
 
-def _session_redis_keys(store: SessionStore, sid: str) -> list[bytes]:
+def _session_redis_keys(ctx: StoreContext, sid: str) -> list[bytes]:
     try:
-        return list(store.coord.client.scan_iter(match=f"{store.coord.keys.prefix}:{{{sid}}}:*", count=1000))
+        return list(ctx.coord.client.scan_iter(match=f"{ctx.coord.keys.prefix}:{{{sid}}}:*", count=1000))
     except Exception as exc:  # noqa: BLE001 - a report figure only: the delete itself decides
         log.warning("Redis keys of %s not counted (%s)", sid, exc)
         return []
@@ -310,11 +314,11 @@ def _destroy_keys(store: SessionStore, sid: str) -> bool:
     return bool(shred(sid))
 
 
-def _stored_anywhere(store: SessionStore, sid: str, needle: str) -> bool:
+def _stored_anywhere(ctx: StoreContext, sid: str, needle: str) -> bool:
     forms = _forms(needle)
-    for key in _session_objects(store, sid):
+    for key in _session_objects(ctx, sid):
         try:
-            data = store.objects.get(key).data
+            data = ctx.objects.get(key).data
         except ObjectNotFoundError:
             continue
         if any(f in data for f in forms):

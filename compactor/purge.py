@@ -165,7 +165,7 @@ def _fence(compactor: "Compactor", sid: str, inc: str, through_seq: int) -> None
     """Tell Redis that slots ``1..through_seq`` are retired before any of them is deleted
     (``Coordinator.retired``, the fence GC sets too). Raises ``BackendUnavailableError``
     when Redis cannot be told: then nothing is deleted."""
-    compactor.store.coord.retired(sid, inc, through_seq)
+    compactor.ctx.coord.retired(sid, inc, through_seq)
     compactor.fault("purge.after_fence", session_id=sid, through_seq=through_seq)
 
 

@@ -101,6 +101,7 @@ class RetentionRunner:
         self.now = now
         self.worker = worker
         self.fault_hook = fault_hook
+        self.ctx = store.ctx
         self.rs = store.retention
 
     def fault(self, point: str, **ctx: object) -> None:
@@ -113,7 +114,7 @@ class RetentionRunner:
             stop: threading.Event | None = None) -> RetentionReport:
         """One run: the due entries, and the sweep when it is due (``sweep``: force it on or
         off). ``dry_run``: every session is judged (a sweep), nothing is written."""
-        coord = self.store.coord
+        coord = self.ctx.coord
         opts = self.options
         now = self.now()
         key = coord.keys.retention_run
@@ -168,7 +169,7 @@ class RetentionRunner:
                                tuple(decisions))
 
     def _sweep_due(self, now: int) -> bool:
-        last = self.store.coord.retention_swept()
+        last = self.ctx.coord.retention_swept()
         return last is None or now >= last + self.options.sweep_ms
 
     def _judge(self, sid: str, now: int, acts: dict[str, list[str]]) -> Decision | None:
@@ -216,13 +217,13 @@ class RetentionRunner:
 
     def _schedule(self, sid: str, due: int) -> None:
         try:
-            self.store.coord.retention_schedule(sid, due)
+            self.ctx.coord.retention_schedule(sid, due)
         except BackendError as exc:
             log.warning("retention not scheduled: the sweep finds it", extra={"session_id": sid, "error": repr(exc)})
 
     def _unschedule(self, sid: str) -> None:
         try:
-            self.store.coord.retention_unschedule(sid)
+            self.ctx.coord.retention_unschedule(sid)
         except BackendError:
             pass
 
@@ -285,7 +286,7 @@ class RetentionRunner:
 
     def _schedule_earlier(self, sid: str, due: int) -> None:
         try:
-            self.store.coord.retention_schedule(sid, due, earlier_only=True)
+            self.ctx.coord.retention_schedule(sid, due, earlier_only=True)
         except BackendError:
             pass
 

@@ -93,7 +93,7 @@ class Worker:
         self.compactor = compactor
         self.options = options or WorkerOptions()
         self.name = compactor.worker
-        self.queue = JobQueue(compactor.store.coord, group=self.options.group, consumer=self.name)
+        self.queue = JobQueue(compactor.ctx.coord, group=self.options.group, consumer=self.name)
         self.stats = WorkerStats()
         self._stop = stop if stop is not None else threading.Event()
         self._signalled = False

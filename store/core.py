@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -25,18 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from coordination.redis import Coordinator, TailState
 from store.append import Appender
-from store.clock import iso_now
 from store.context import StoreContext
 from store.entries import PreparedBatch, prepare_batch
-from store.errors import (
-    BackendUnavailableError,
-    ConflictError,
-    ContentionError,
-    EntryNotFoundError,
-    InvalidInputError,
-    SessionNotFoundError,
-)
-from store.follow import Follower
+from store.errors import BackendUnavailableError, InvalidInputError
+from store.follow import Follower, follow
 from store.handles import SessionHandle
 from store.headers import HeaderStore, new_header, uuid7
 from store.keys import DataKeys
@@ -48,8 +39,8 @@ from store.manifest import Manifest, ManifestStore
 from store.maintenance import Maintenance
 from store.markers import check_user_ids, refuse_if_trashed
 from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
-from store.read import Reader, SessionChanges, SessionData, check_unique_ids
-from store.records import EMPTY_TAIL, AppendResult, ForkPoint, Header, SessionInfo, StoreOptions, TailInfo
+from store.read import Reader, SessionChanges, SessionData
+from store.records import AppendResult, ForkPoint, Header, SessionInfo, StoreOptions, TailInfo
 from store.retention import Retention, RetentionStore, TrashItem
 from store.tail import TailKeeper
 
@@ -374,20 +365,7 @@ class SessionStore:
         new life from its first segment (while it does not exist, the follower waits, like
         ``tail -F``). Runs until the caller stops iterating, or ``timeout_s`` has passed.
         """
-        follower = self.follower(session_id, after_seq=after_seq)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        follower.open()
-        try:
-            while True:
-                yield from follower.poll()
-                wait = poll_s
-                if deadline is not None:
-                    wait = min(wait, deadline - time.monotonic())
-                    if wait <= 0:
-                        return
-                follower.wait(wait)
-        finally:
-            follower.close()
+        return follow(self.follower(session_id, after_seq=after_seq), poll_s=poll_s, timeout_s=timeout_s)
 
     def follower(self, session_id: str, *, after_seq: int | None = None) -> Follower:
         """The state of one follow (``store/follow.py``), for a driver of its own
@@ -534,43 +512,9 @@ class SessionStore:
         """``redact`` of several entries at once: one batch of redactions, chained after the
         tail (the same entries as that many ``redact`` calls in a row), one read and one
         append. Nothing is appended if any target is unknown or is a redaction."""
-        from store.model.rules import REDACTION_TYPE
+        from store.manager import redact_entries
 
-        if not isinstance(reason, str):
-            raise InvalidInputError("reason must be a string")
-        if not entry_ids or not all(isinstance(e, str) for e in entry_ids):
-            raise InvalidInputError("name at least one entry id to redact")
-        sid = check_session_id(session_id)
-        data = self.read_session(sid)
-        entries = data.all_entries
-        by_id = {e["id"]: e for e in entries}
-        for entry_id in entry_ids:
-            target = by_id.get(entry_id)
-            if target is None:
-                raise EntryNotFoundError(sid, entry_id)
-            if target.get("type") == REDACTION_TYPE:
-                raise InvalidInputError("a redaction cannot be redacted")
-        from store.manager import new_entry_id
-
-        taken = set(by_id)
-        batch: list[dict[str, Any]] = []
-        for entry_id in entry_ids:
-            rid = new_entry_id(taken)
-            taken.add(rid)
-            batch.append({"type": REDACTION_TYPE, "id": rid, "parentId": None, "timestamp": iso_now(),
-                          "targetId": entry_id, "reason": reason})
-        tail = data.last_entry_id or None
-        # Strict on the tail: the redactions must hang off the entry they were computed from.
-        for _ in range(self.options.max_rounds):
-            parent = tail
-            for entry in batch:
-                entry["parentId"] = parent
-                parent = entry["id"]
-            try:
-                return self.append_session_entries(sid, batch, tail or EMPTY_TAIL)
-            except ConflictError as exc:
-                tail = exc.actual_tail_entry_id or None
-        raise ContentionError(f"session {sid!r}: redaction lost every round to other writers")
+        return redact_entries(self, session_id, entry_ids, reason)
 
     def import_pi_session(
         self, source: Any, session_id: str | None = None, *, on_conflict: str = "refuse"

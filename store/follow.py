@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from coordination.redis import Subscription
@@ -151,4 +151,25 @@ class Follower:
             return None
 
 
-__all__ = ["FULL_READ_EVERY", "Follower"]
+def follow(
+    follower: Follower, *, poll_s: float = 1.0, timeout_s: float | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The blocking driver (``SessionStore.follow``): ``(seq, entry)`` as ``follower``
+    finds them, waiting up to ``poll_s`` between polls, until the caller stops iterating or
+    ``timeout_s`` has passed; the follower is closed either way."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    follower.open()
+    try:
+        while True:
+            yield from follower.poll()
+            wait = poll_s
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    return
+            follower.wait(wait)
+    finally:
+        follower.close()
+
+
+__all__ = ["FULL_READ_EVERY", "Follower", "follow"]

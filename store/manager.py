@@ -10,6 +10,9 @@ append instead requires that the session's tail is still the last entry this man
 Appends made inside ``with manager.batch():`` are committed together as one atomic segment
 when the block exits (nothing is written if it raises).
 
+A redaction (``redact_entries``) is pi's kind of append too: entries chained after the tail,
+each hiding another's content.
+
 Ids minted here carry 64 random bits (16 hex characters): pi's 8-hex ids collide across a
 fleet, while pi itself reads any string id.
 """
@@ -21,12 +24,15 @@ import secrets
 from typing import TYPE_CHECKING, Any, Iterator
 
 from store.clock import iso_now
-from store.errors import EntryNotFoundError, InvalidInputError
+from store.errors import ConflictError, ContentionError, EntryNotFoundError, InvalidInputError
+from store.layout import check_session_id
 from store.model.js import js_trim
+from store.model.rules import REDACTION_TYPE
 from store.model.session import Session, TreeNode
 from store.records import EMPTY_TAIL, AppendResult
 
 if TYPE_CHECKING:
+    from store.api import Sessions
     from store.handles import SessionAppends
 
 
@@ -35,6 +41,45 @@ def new_entry_id(taken: Any = ()) -> str:
         eid = secrets.token_hex(8)
         if eid not in taken:
             return eid
+
+
+def redact_entries(store: Sessions, session_id: str, entry_ids: list[str], reason: str) -> AppendResult:
+    """``SessionStore.redact_entries``: one batch of redactions of ``entry_ids``, chained
+    after the session's tail (the same entries as that many single redactions in a row),
+    one read and one append, strict on the tail (a redaction hangs off the entry it was
+    computed from; a conflict recomputes it, ``max_rounds`` times at most). Nothing is
+    appended if any target is unknown or is a redaction."""
+    if not isinstance(reason, str):
+        raise InvalidInputError("reason must be a string")
+    if not entry_ids or not all(isinstance(e, str) for e in entry_ids):
+        raise InvalidInputError("name at least one entry id to redact")
+    sid = check_session_id(session_id)
+    data = store.read_session(sid)
+    by_id = {e["id"]: e for e in data.all_entries}
+    for entry_id in entry_ids:
+        target = by_id.get(entry_id)
+        if target is None:
+            raise EntryNotFoundError(sid, entry_id)
+        if target.get("type") == REDACTION_TYPE:
+            raise InvalidInputError("a redaction cannot be redacted")
+    taken = set(by_id)
+    batch: list[dict[str, Any]] = []
+    for entry_id in entry_ids:
+        rid = new_entry_id(taken)
+        taken.add(rid)
+        batch.append({"type": REDACTION_TYPE, "id": rid, "parentId": None, "timestamp": iso_now(),
+                      "targetId": entry_id, "reason": reason})
+    tail = data.last_entry_id or None
+    for _ in range(store.options.max_rounds):
+        parent = tail
+        for entry in batch:
+            entry["parentId"] = parent
+            parent = entry["id"]
+        try:
+            return store.append_session_entries(sid, batch, tail or EMPTY_TAIL)
+        except ConflictError as exc:
+            tail = exc.actual_tail_entry_id or None
+    raise ContentionError(f"session {sid!r}: redaction lost every round to other writers")
 
 
 class SessionManager:

@@ -13,38 +13,34 @@ after it -> the probe -> the newer-manifest check.
    404 may have been a retired segment: start over (docs/design.md, "Pauses").
 5. Every object is verified as it is decoded (``store/segments.py``); ids must be unique.
 
+The read after a seq (``Reader.read_after``, ``Reader.read_since``: what a follower, a stream
+and an adapter read of what is new) uses the same parts and falls back to the whole read.
+Fetching and decoding each object, and the check that a 404 was the true end, are
+``store/read_objects.py``.
+
 A fork reads the source's path root..fork point first (``fork_path``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 
-from coordination.redis import TailState, parse_recent
+from coordination.redis import TailState
 from store.context import StoreContext
 from store.entries import EntryIds
-from store.errors import (
-    BackendError,
-    CorruptObjectError,
-    EntryNotFoundError,
-    ObjectNotFoundError,
-    SessionNotFoundError,
-)
+from store.errors import CorruptObjectError, EntryNotFoundError, SessionNotFoundError
 from store.layout import Layout
 from store.manifest import Manifest
 from store.migrations import CURRENT_SCHEMA
+from store.read_objects import Entries, ObjectReads, Once, SegmentRetired, check_unique_ids, drain
 from store.records import ForkPoint, Header
 from store.segment_cache import SegmentCache
-from store.segments import contiguous, decode_base_object, decode_object, read_segment
+from store.segments import contiguous
 
 _MAX_READ_RESTARTS = 8
 
-Entries = list[dict[str, Any]]
 T = TypeVar("T")
 
 
@@ -93,13 +89,10 @@ class SessionChanges:
     seq: int
 
 
-class SegmentRetired(Exception):
-    """A segment or base vanished mid-read: compaction retired it. Start over."""
-
-
 class Reader:
     def __init__(self, ctx: StoreContext) -> None:
         self.ctx = ctx
+        self.objects = ObjectReads(ctx)
 
     def read_session(self, sid: str) -> SessionData:
         """The session now; the cached header is used while Redis names its incarnation."""
@@ -107,7 +100,7 @@ class Reader:
         state: TailState | None = None
         header = ctx.headers.cached(sid)
         if header is not None:
-            state = self._tail(sid)
+            state = self.objects.tail(sid)
             if state is None or state.inc != header.incarnation:
                 header, state = None, None
         if header is None:
@@ -152,7 +145,7 @@ class Reader:
         ctx = self.ctx
         inc = header.incarnation
         if use_hint and state is None:
-            state = self._tail(sid)
+            state = self.objects.tail(sid)
         hint = state if use_hint and state is not None and state.inc == inc else None
         pool = ctx.pool
         ids = EntryIds()  # every entry's id, as the decoders parse them (check_unique_ids)
@@ -181,15 +174,15 @@ class Reader:
         # The probe past the known tail goes out in the same round, except beside large
         # bases: then it waits until their bytes have arrived, and its round trip hides
         # behind their parse instead of competing with their transfer.
-        probing = _Once(lambda: pool.submit(self._get_segment, sid, inc, last_known + 1, header.schema, ids))
+        probing = Once(lambda: pool.submit(self.objects.segment, sid, inc, last_known + 1, header.schema, ids))
         bases: list[Future[Entries]] = []
         if manifest is not None:
-            bases = self._submit_bases(manifest, probing, ids)
+            bases = self.objects.submit_bases(manifest, probing, ids)
         if manifest is None or sum(int(b.get("bytes") or 0) for b in manifest.bases) < _PROBE_AFTER_BYTES:
             probing()
-        cached = self._recent_segments(sid, inc, known, hint, ids)
+        cached = self.objects.recent(sid, inc, known, hint, ids)
         segments = {
-            s: cached[s] if s in cached else pool.submit(self._get_segment, sid, inc, s, header.schema, ids)
+            s: cached[s] if s in cached else pool.submit(self.objects.segment, sid, inc, s, header.schema, ids)
             for s in known
         }
         if fetching is not None:
@@ -197,69 +190,17 @@ class Reader:
             if manifest is None or manifest.through_seq != first - 1:
                 # Deleted behind a newer one (GC), or Redis's counters lag the manifest it
                 # names: read it the long way.
-                _drain(segments.values(), probing())
+                drain(segments.values(), probing())
                 raise SegmentRetired()
-            bases = self._submit_bases(manifest, probing, ids)
+            bases = self.objects.submit_bases(manifest, probing, ids)
         entries, seqs = self._base_entries(manifest, bases)
         seq, tail_bytes = self._take_segments(known, segments, entries, seqs, first - 1)
         seq, tail_bytes = self._probe(sid, inc, header.schema, probing(), entries, seqs, seq, tail_bytes, ids)
         ctx.fault("read.before_manifest_check", session_id=sid)
-        if not self._end_is_true(sid, inc, manifest, seq + 1, redis_ok=hint is not None):
+        if not self.objects.end_is_true(sid, inc, manifest, seq + 1, redis_ok=hint is not None):
             raise SegmentRetired()
         check_unique_ids(sid, inherited, entries, ids)
         return SessionData(header, inherited, entries, seqs, seq, manifest, tail_bytes)
-
-    def _tail(self, sid: str) -> TailState | None:
-        try:
-            return self.ctx.coord.tail(sid, recent=self.ctx.options.recent_cache_bytes > 0)
-        except BackendError:
-            return None
-
-    def _recent_segments(
-        self, sid: str, inc: str, known: list[int], hint: TailState | None, ids: EntryIds
-    ) -> dict[int, Future[tuple[Entries, int] | None]]:
-        """The known segments Redis's recent-segments cache holds, decoded, as completed
-        futures. A cached value is used only if it names our incarnation and its bytes match
-        the sha256 it was cached with; anything else is read from the object store."""
-        out: dict[int, Future[tuple[Entries, int] | None]] = {}
-        recent = hint.recent if hint is not None else None
-        if not recent:
-            return out
-        for s in known:
-            value = recent.get(s)
-            parsed = parse_recent(value, inc) if value is not None else None
-            if parsed is None:
-                continue
-            checksum, schema, body = parsed
-            if not body or hashlib.sha256(body).hexdigest() != checksum:
-                continue
-            key = self.ctx.layout.segment(sid, inc, s)
-            done: Future[tuple[Entries, int] | None] = Future()
-            done.set_result((decode_object(key, body, checksum, schema, self.ctx.keys.open, ids), len(body)))
-            out[s] = done
-        return out
-
-    def _end_is_true(
-        self, sid: str, inc: str, manifest: Manifest | None, end: int, *, redis_ok: bool
-    ) -> bool:
-        """Was the 404 at slot ``end`` (the probe's, or a short listing's) the true end of
-        the session, and not a segment that a newer manifest retired and GC deleted while we
-        paused? Asked *after* that 404, never overlapped with it (docs/design.md, "Pauses").
-
-        GC deletes a slot only after Redis's ``cseq`` was raised past it (RETIRED), so when
-        Redis holds the incarnation's state, ``cseq < end`` read now proves the slot was never
-        deleted: one Redis round trip. Otherwise one LIST: no manifest newer than ours that
-        covers ``end`` (slots after the newest manifest are never deleted;
-        ``ManifestStore.retired_since``)."""
-        ctx = self.ctx
-        if redis_ok:
-            try:
-                retired = ctx.coord.retired_through(sid, inc)
-            except BackendError:
-                retired = None
-            if retired is not None:
-                return retired < end
-        return not ctx.manifests.retired_since(sid, inc, manifest, end)
 
     def _known_segments(
         self, sid: str, inc: str, first: int, *, hint: TailState | None
@@ -330,61 +271,20 @@ class Reader:
         got = first.result()
         if got is None:
             return seq, tail_bytes
-        for seq, (seg_entries, size) in self._segments_from(sid, inc, schema, seq + 1, got, ids):
+        for seq, (seg_entries, size) in self.objects.segments_from(sid, inc, schema, seq + 1, got, ids):
             entries.extend(seg_entries)
             seqs.extend([seq] * len(seg_entries))
             tail_bytes += size
         return seq, tail_bytes
 
-    def _segments_from(
-        self, sid: str, inc: str, schema: int, seq: int, first: tuple[Entries, int] | None = None,
-        ids: EntryIds | None = None,
-    ) -> Iterator[tuple[int, tuple[Entries, int]]]:
-        """Segments ``seq``, ``seq + 1``, ... one GET at a time, until the first 404 (the
-        caller decides whether to trust it: ``ManifestStore.retired_since``). ``first``: the
-        segment ``seq`` already fetched."""
-        got = first if first is not None else self._get_segment(sid, inc, seq, schema, ids)
-        while got is not None:
-            yield seq, got
-            seq += 1
-            got = self._get_segment(sid, inc, seq, schema, ids)
-
     def get_segment(self, sid: str, inc: str, seq: int, schema: int = CURRENT_SCHEMA) -> tuple[Entries, int] | None:
         """One segment, decoded and verified: (entries, bytes), or None if it does not exist."""
-        return self._get_segment(sid, inc, seq, schema)
-
-    def _get_segment(
-        self, sid: str, inc: str, seq: int, schema: int = CURRENT_SCHEMA, ids: EntryIds | None = None
-    ) -> tuple[Entries, int] | None:
-        ctx = self.ctx
-        ctx.fault("read.segment", session_id=sid, seq=seq)
-        key = ctx.layout.segment(sid, inc, seq)
-        return read_segment(ctx.objects, ctx.options.retry, key, schema, ctx.keys.open, ids)
-
-    def _submit_bases(
-        self, manifest: Manifest, fetched: Callable[[], object], ids: EntryIds
-    ) -> list[Future[Entries]]:
-        return [self.ctx.pool.submit(self._get_base, b, fetched, ids) for b in manifest.bases]
+        return self.objects.segment(sid, inc, seq, schema)
 
     def base_entries(self, base: dict[str, Any]) -> Entries:
         """A base's entries (``base``: its record in a manifest); ``SegmentRetired`` if it
         is gone (merged into a newer manifest's bases and deleted)."""
-        return self._get_base(base)
-
-    def _get_base(
-        self, base: dict[str, Any], fetched: Callable[[], object] | None = None, ids: EntryIds | None = None
-    ) -> Entries:
-        """A base's entries; ``fetched`` is called once its bytes are here, before the parse."""
-        ctx = self.ctx
-        key = str(base["key"])
-        try:
-            obj = ctx.options.retry.call(lambda: ctx.objects.get(key))
-        except ObjectNotFoundError:
-            raise SegmentRetired() from None
-        finally:
-            if fetched is not None:
-                fetched()
-        return decode_base_object(obj, base, ctx.keys.open, ids)
+        return self.objects.base(base)
 
     def map_own_entries(
         self, sid: str, header: Header, fn: Callable[[dict[str, Any]], T]
@@ -399,12 +299,12 @@ class Reader:
                 out: list[T] = []
                 last = ""
                 for base in manifest.bases if manifest else ():
-                    entries = self._get_base(base)
+                    entries = self.objects.base(base)
                     out.extend(fn(e) for e in entries)
                     last = str(entries[-1]["id"]) if entries else last
                     del entries
                 seq = manifest.through_seq if manifest else 0
-                for seq, (seg_entries, _size) in self._segments_from(sid, inc, header.schema, seq + 1):
+                for seq, (seg_entries, _size) in self.objects.segments_from(sid, inc, header.schema, seq + 1):
                     out.extend(fn(e) for e in seg_entries)
                     last = str(seg_entries[-1]["id"]) if seg_entries else last
                 if self.ctx.manifests.retired_since(sid, inc, manifest, seq + 1):
@@ -440,7 +340,7 @@ class Reader:
            knows of covers ``last + 1``: the segments after ``last`` (up to ``through``, or
            Redis's tail) in one parallel round, with the probe of the slot after them beside
            them unless ``through`` was given; the probe goes on until a 404, and that 404
-           must be the true end (``_end_is_true``: Redis's retired slot, read after it).
+           must be the true end (``ObjectReads.end_is_true``: Redis's retired slot, read after it).
         2. Without Redis: the newest manifest (one LIST), the segments after ``last`` one
            GET at a time until the 404, then ``ManifestStore.retired_since``.
         3. A segment that answers 404 (compacted and collected meanwhile), an end that may
@@ -454,7 +354,7 @@ class Reader:
             kept = cache.run(sid, inc, last + 1, through)
             if kept is not None:
                 return [(s, e) for s, seg in enumerate(kept, start=last + 1) for e in seg], through
-        hint = tail if tail is not None else self._tail(sid)
+        hint = tail if tail is not None else self.objects.tail(sid)
         if hint is not None and hint.inc != inc:
             hint = None
         if hint is not None or through is not None:
@@ -469,7 +369,7 @@ class Reader:
             if manifest is None or manifest.through_seq <= last:
                 out: list[tuple[int, dict[str, Any]]] = []
                 seq = last
-                for seq, (seg_entries, _size) in self._segments_from(sid, inc, header.schema, last + 1):
+                for seq, (seg_entries, _size) in self.objects.segments_from(sid, inc, header.schema, last + 1):
                     out.extend((seq, entry) for entry in seg_entries)
                 if not ctx.manifests.retired_since(sid, inc, manifest, seq + 1):
                     return out, seq
@@ -491,21 +391,21 @@ class Reader:
         ctx, inc, schema = self.ctx, header.incarnation, header.schema
         seqs = range(last + 1, end + 1)
         kept = cache.run(sid, inc, last + 1, end) if cache is not None and seqs else None
-        probing = ctx.pool.submit(self._get_segment, sid, inc, end + 1, schema) if probe else None
+        probing = ctx.pool.submit(self.objects.segment, sid, inc, end + 1, schema) if probe else None
         got: list[tuple[Entries, int] | None]
         if kept is not None:
             got = [(seg, 0) for seg in kept]
         else:
-            recent = self._recent_segments(sid, inc, list(seqs), hint, EntryIds()) if hint is not None else {}
+            recent = self.objects.recent(sid, inc, list(seqs), hint, EntryIds()) if hint is not None else {}
             missing = [s for s in seqs if s not in recent]
             if len(missing) == 1:
-                fetched = {missing[0]: self._get_segment(sid, inc, missing[0], schema)}
+                fetched = {missing[0]: self.objects.segment(sid, inc, missing[0], schema)}
             else:
-                fetched = dict(zip(missing, ctx.pool.map(lambda s: self._get_segment(sid, inc, s, schema), missing)))
+                fetched = dict(zip(missing, ctx.pool.map(lambda s: self.objects.segment(sid, inc, s, schema), missing)))
             got = [recent[s].result() if s in recent else fetched[s] for s in seqs]
         if any(g is None for g in got):
             if probing is not None:
-                _drain((), probing)
+                drain((), probing)
             return None
         out: list[tuple[int, dict[str, Any]]] = []
         for s, g in zip(seqs, got):
@@ -517,12 +417,12 @@ class Reader:
         if probing is None:
             return out, seq
         probed = probing.result()  # None: the probe's 404, the end (checked below)
-        for seq, (seg_entries, size) in self._segments_from(sid, inc, schema, end + 1, probed) if probed else ():
+        for seq, (seg_entries, size) in self.objects.segments_from(sid, inc, schema, end + 1, probed) if probed else ():
             out.extend((seq, e) for e in seg_entries)
             if cache is not None:
                 cache.add(sid, inc, seq, seg_entries, size)
         ctx.fault("read.before_manifest_check", session_id=sid)
-        if not self._end_is_true(sid, inc, None, seq + 1, redis_ok=redis_ok):
+        if not self.objects.end_is_true(sid, inc, None, seq + 1, redis_ok=redis_ok):
             return None
         return out, seq
 
@@ -539,7 +439,7 @@ class Reader:
         filtered, when it must.
         """
         ctx = self.ctx
-        state = self._tail(sid)
+        state = self.objects.tail(sid)
         header = ctx.headers.cached(sid)
         if header is None or state is None or state.inc != header.incarnation:
             header = ctx.headers.read(sid)
@@ -576,56 +476,11 @@ class Reader:
         return path
 
 
-def check_unique_ids(
-    sid: str, inherited: Entries, entries: Entries, decoded: EntryIds | None = None
-) -> None:
-    """No id twice among ``inherited`` + ``entries``. ``decoded``: the ids of ``entries`` as
-    their decoders gathered them (while each chunk was in the caches); when it holds exactly
-    as many distinct ids as there are entries, the entries are not touched again."""
-    if decoded is not None and decoded.distinct(len(entries)):
-        own = [e["id"] for e in inherited]
-        if len(set(own)) == len(own) and decoded.isdisjoint(own):
-            return
-    ids = [e["id"] for e in inherited]
-    ids += [e["id"] for e in entries]
-    if len(set(ids)) == len(ids):
-        return
-    seen: set[str] = set()
-    for eid in ids:
-        if eid in seen:
-            raise CorruptObjectError(f"sessions/{sid}", 0, f"entry id {eid!r} appears twice")
-        seen.add(eid)
-
-
 #: Bases at least this large (in all) have the probe wait for their bytes (``_read_once``):
 #: their parse (about 20 ms for 4 MiB) then outlasts the probe's round trip even on S3, and
 #: the probe no longer shares the server with their transfer (measured on moto: the base
 #: arrived 11-15 ms later beside it).
 _PROBE_AFTER_BYTES = 4 << 20
-
-
-class _Once:
-    """``fn()`` on the first call, from whichever thread; its result on every call."""
-
-    def __init__(self, fn: Callable[[], Future[Any]]) -> None:
-        self._fn = fn
-        self._lock = threading.Lock()
-        self._result: Future[Any] | None = None
-
-    def __call__(self) -> Future[Any]:
-        with self._lock:
-            if self._result is None:
-                self._result = self._fn()
-            return self._result
-
-
-def _drain(futures: Iterable[Future[Any]], *more: Future[Any]) -> None:
-    """Wait for requests whose answers are no longer needed (errors included), so that a
-    restart does not race them."""
-    for fut in (*futures, *more):
-        if not fut.cancel():
-            with contextlib.suppress(Exception):
-                fut.result()
 
 
 __all__ = ["Reader", "SegmentRetired", "SessionChanges", "SessionData", "check_unique_ids"]

@@ -13,6 +13,9 @@
 - No module but the facade (``store/core.py``) reads a private attribute (a leading ``_``) of a
   ``SessionStore``: satellites take the ``StoreContext`` and the protocol objects, or the
   store's public methods.
+- No module is over 600 lines (``MAX_LINES``) but the Lua scripts (``coordination/scripts.py``,
+  one named constant a script, each with its header): a longer one holds more than one
+  concern, and is split by concern.
 - The library reaches into no dependency's private modules or names (``redis._parsers``: a
   dependency's upgrade may change them without notice), and never changes the host process's
   interpreter-wide state (its garbage collector, its thread switch interval): it is a guest.
@@ -285,3 +288,28 @@ def test_no_module_but_the_facade_reads_its_private_attributes() -> None:
         name: list(_reads_of(path, private)) for name, path in MODULES.items() if name != "store.core"
     }
     assert {k: v for k, v in found.items() if v} == {}
+
+
+#: The longest a module may be, and the one that may be longer: the Lua scripts, each a named
+#: constant with its header, read one at a time.
+MAX_LINES = 600
+LONG_BY_NATURE = {"coordination.scripts"}
+
+
+def _too_long(modules: dict[str, Path], limit: int) -> dict[str, int]:
+    lengths = {name: len(path.read_text().splitlines()) for name, path in modules.items()}
+    return {name: n for name, n in sorted(lengths.items()) if n > limit}
+
+
+def test_the_checker_measures_lengths(tmp_path: Path) -> None:
+    short, long = tmp_path / "short.py", tmp_path / "long.py"
+    short.write_text("x = 1\n" * 3)
+    long.write_text("x = 1\n" * 4)
+    assert _too_long({"short": short, "long": long}, 3) == {"long": 4}
+    assert len(MODULES["coordination.scripts"].read_text().splitlines()) > MAX_LINES  # what it exempts
+
+
+def test_no_module_over_600_lines_but_the_lua_scripts() -> None:
+    assert LONG_BY_NATURE <= set(MODULES)
+    offenders = _too_long({k: v for k, v in MODULES.items() if k not in LONG_BY_NATURE}, MAX_LINES)
+    assert offenders == {}, "split by concern: " + ", ".join(f"{k} ({n} lines)" for k, n in offenders.items())

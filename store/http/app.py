@@ -5,8 +5,9 @@ specification (``PROTOCOL.md``, version 1.0): ``PUT`` create (and fork), ``POST`
 and close, ``GET`` catch-up, long-poll and SSE reads, ``HEAD``, ``DELETE``; JSON mode,
 ``Stream-Seq``, idempotent producers, TTL and Expires-At, ETags, CORS (for the origins
 allowed: ``store/http/guard.py``, which also checks ``Host`` and ``Origin``). What a stream *is*
-(records, offsets, producer state, forks) is ``store/streams/``; this module is the wire
-(statuses of the store's errors: ``store/http/problems.py``).
+(records, offsets, producer state, forks) is ``store/streams/``; this module is its routes
+(statuses of the store's errors: ``store/http/problems.py``; what headers and bodies mean and
+how answers are written: ``store/http/wire.py``).
 
 Processes share nothing but the object store and Redis: any number of them serve the same
 streams behind any load balancer, with no sticky sessions. A live reader waits on a
@@ -19,19 +20,14 @@ loop only waits; a live reader holds no thread while it waits.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import functools
 import logging
-import random
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 from typing import Any, TypeVar
 
-import orjson
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
@@ -41,29 +37,35 @@ from store.core import SessionStore
 from store.errors import SessionStoreError
 from store.http.auth import Tokens, may_access
 from store.http.claude import CLAUDE_ROOT, ClaudeRoutes
-from store.http.guard import DEFAULT_BODY_TIMEOUT_S, Guard, problem_body
-from store.model.js_json import encode_json
+from store.http.guard import DEFAULT_BODY_TIMEOUT_S, Guard
 from store.http.notify import Notifier
 from store.http.problems import problem_of
 from store.http.sessions import SESSIONS_ROOT, SessionRoutes
-from store.streams import (
-    START,
-    AppendOutcome,
-    Batch,
-    Offset,
-    Producer,
-    ReadResult,
-    StreamError,
-    StreamInfo,
-    Streams,
-    is_json_type,
-    media_type,
+from store.http.wire import (
+    OFFSET_PARAM,
+    STREAM_ROOT,
+    ClientGone,
+    HttpError,
+    body_of,
+    next_cursor,
+    parse_expires_at,
+    parse_flag,
+    parse_if_match,
+    parse_messages,
+    parse_producer,
+    parse_ttl,
+    problem_response,
+    sse_base64,
+    sse_control,
+    sse_data,
+    stream_name,
+    uint,
 )
+from store.streams import START, AppendOutcome, Offset, ReadResult, StreamError, StreamInfo, Streams
 
 log = logging.getLogger("sessionstore.http")
 T = TypeVar("T")
 
-STREAM_ROOT = "/v1/stream/"
 #: How long a long-poll waits at the tail before answering 204.
 DEFAULT_LONG_POLL_S = 2.0
 #: How long one SSE response stays open (the client reconnects from its last offset).
@@ -73,32 +75,6 @@ DEFAULT_SSE_MAX_S = 60.0
 DEFAULT_MAX_BODY = 12 * 1024 * 1024
 #: Most bytes one catch-up response carries (clients continue from Stream-Next-Offset).
 DEFAULT_MAX_READ = 4 * 1024 * 1024
-
-_OFFSET_PARAM = re.compile(r"-1|now|\d+_\d+")
-_UINT = re.compile(r"0|[1-9]\d*")
-_DIGITS = re.compile(r"\d+")
-_MAX_SAFE_INT = 2**53 - 1
-_MAX_TTL_S = 2**53 // 1000 // 2
-_CURSOR_EPOCH_S = datetime.fromisoformat("2024-10-09T00:00:00+00:00").timestamp()
-_CURSOR_INTERVAL_S = 20
-
-
-
-
-
-class HttpError(Exception):
-    """A refusal of the wire layer itself (bad header, bad body) with its status."""
-
-    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.code = code
-        self.detail = detail
-        self.headers = headers or {}
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request's body ended."""
 
 
 class StreamService:
@@ -215,14 +191,14 @@ class StreamService:
             log.info("%s %s: %s", request.method, request.url.path, exc)
             return Response(status_code=400, headers={"connection": "close"})
         except HttpError as exc:
-            return _problem(exc.status, exc.code, exc.detail, exc.headers)
+            return problem_response(exc.status, exc.code, exc.detail, exc.headers)
         except SessionStoreError as exc:
             answer = problem_of(exc)
             if answer is None:
                 log.exception("request failed")
-                return _problem(500, "internal", type(exc).__name__)
+                return problem_response(500, "internal", type(exc).__name__)
             status, code, detail, headers = answer
-            return _problem(status, code, detail, headers)
+            return problem_response(status, code, detail, headers)
 
     def tenant_of(self, request: Request) -> str | None:
         """The request's tenant (None when no tokens are configured: everyone is everything);
@@ -249,17 +225,17 @@ class StreamService:
         self.authorize_name(request, path)
         source = request.headers.get("stream-forked-from")
         if source is not None:
-            self.authorize_name(request, _stream_name(source))
+            self.authorize_name(request, stream_name(source))
 
     # --- PUT: create and fork ------------------------------------------------------------------
 
     async def put(self, request: Request, path: str) -> Response:
         h = request.headers
-        ttl_s = _ttl(h.get("stream-ttl"))
-        expires_at, expires_at_ms = _expires_at(h.get("stream-expires-at"))
+        ttl_s = parse_ttl(h.get("stream-ttl"))
+        expires_at, expires_at_ms = parse_expires_at(h.get("stream-expires-at"))
         if ttl_s is not None and expires_at is not None:
             raise HttpError(400, "bad-request", "Stream-TTL and Stream-Expires-At together")
-        close = _flag(h.get("stream-closed"))
+        close = parse_flag(h.get("stream-closed"))
         fork_from = h.get("stream-forked-from")
         fork_offset = h.get("stream-fork-offset")
         sub = h.get("stream-fork-sub-offset")
@@ -275,9 +251,9 @@ class StreamService:
             offset = Offset.parse(fork_offset) if fork_offset != "-1" else START
         content_type = h.get("content-type") or None
         body = await self.read_body(request)
-        msgs = _messages(body, content_type, allow_empty_array=True) if body else []
+        msgs = parse_messages(body, content_type, allow_empty_array=True) if body else []
         if fork_from is not None:
-            fork_from = _stream_name(fork_from)
+            fork_from = stream_name(fork_from)
         self._check_count(msgs)
         kind = (h.get("stream-kind") or "stream").strip().lower()
         if kind == "session":
@@ -309,8 +285,8 @@ class StreamService:
 
     async def post(self, request: Request, path: str) -> Response:
         h = request.headers
-        producer = _producer(h)
-        close = _flag(h.get("stream-closed"))
+        producer = parse_producer(h)
+        close = parse_flag(h.get("stream-closed"))
         stream_seq = h.get("stream-seq")
         content_type = h.get("content-type") or None
         body = await self.read_body(request)
@@ -318,9 +294,9 @@ class StreamService:
             raise HttpError(400, "empty-body", "an append needs a body")
         if body and content_type is None:
             raise HttpError(400, "bad-request", "an append needs a Content-Type")
-        msgs = _messages(body, content_type, allow_empty_array=False) if body else []
+        msgs = parse_messages(body, content_type, allow_empty_array=False) if body else []
         self._check_count(msgs)
-        if_match = _if_match(h.get("if-match"))
+        if_match = parse_if_match(h.get("if-match"))
         outcome: AppendOutcome = await self._run(
             self.streams.append,
             path,
@@ -350,7 +326,7 @@ class StreamService:
         if len(offsets) > 1:
             raise HttpError(400, "invalid-offset", "one offset parameter at most")
         raw = offsets[0] if offsets else None
-        if raw is not None and not _OFFSET_PARAM.fullmatch(raw):
+        if raw is not None and not OFFSET_PARAM.fullmatch(raw):
             raise HttpError(400, "invalid-offset", "offset is -1, now, or an offset this server returned")
         live = q.get("live")
         if live is not None and live not in ("long-poll", "sse"):
@@ -379,11 +355,11 @@ class StreamService:
                 headers["Vary"] = "Authorization"
             if request.headers.get("if-none-match") == etag:
                 return Response(status_code=304, headers=headers)
-        return Response(_body_of(info, res.batches), status_code=200, headers=headers)
+        return Response(body_of(info, res.batches), status_code=200, headers=headers)
 
     async def _long_poll(self, request: Request, path: str, offset: Offset | None) -> Response:
         sid = self.streams.store.layout.stream_id(path)
-        cursor = _cursor(request.query_params.get("cursor"))
+        cursor = next_cursor(request.query_params.get("cursor"))
         deadline = time.monotonic() + self.long_poll_s
         ev = self.notifier.watch(sid)
         try:
@@ -399,7 +375,7 @@ class StreamService:
                 if res.batches:
                     if not res.closed:
                         headers["Stream-Cursor"] = cursor
-                    return Response(_body_of(info, res.batches), status_code=200, headers=headers)
+                    return Response(body_of(info, res.batches), status_code=200, headers=headers)
                 if res.closed:
                     return Response(status_code=204, headers=headers)
                 remaining = deadline - time.monotonic()
@@ -417,8 +393,8 @@ class StreamService:
         sid = self.streams.store.layout.stream_id(path)
         # Fail before the 200 if the stream is missing.
         info: StreamInfo = await self._run(self.streams.info, path)
-        cursor = _cursor(request.query_params.get("cursor"))
-        b64 = _sse_base64(info.config.content_type)
+        cursor = next_cursor(request.query_params.get("cursor"))
+        b64 = sse_base64(info.config.content_type)
         headers = {
             "content-type": "text/event-stream",
             "Cache-Control": "no-cache",
@@ -447,13 +423,13 @@ class StreamService:
                     offset = res.tail
                 out: list[bytes] = []
                 for i, batch in enumerate(res.batches):
-                    out.append(_sse_data(info, batch, b64))
+                    out.append(sse_data(info, batch, b64))
                     last = i == len(res.batches) - 1
                     end = res.next_offset if last else batch.end
-                    out.append(_sse_control(end, cursor, up_to_date=last and res.up_to_date,
+                    out.append(sse_control(end, cursor, up_to_date=last and res.up_to_date,
                                             closed=last and res.closed))
                 if not res.batches and (first or res.closed):
-                    out.append(_sse_control(res.next_offset, cursor, up_to_date=True, closed=res.closed))
+                    out.append(sse_control(res.next_offset, cursor, up_to_date=True, closed=res.closed))
                 first = False
                 if out:
                     yield b"".join(out)
@@ -530,151 +506,6 @@ class StreamService:
         if res.closed:
             headers["Stream-Closed"] = "true"
         return headers
-
-
-# --- the wire ------------------------------------------------------------------------------------
-
-
-def _problem(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> Response:
-    """An RFC 9457 problem document naming the error class."""
-    body = problem_body(status, code, detail)
-    all_headers = {"content-type": "application/problem+json"}
-    all_headers.update(headers or {})
-    return Response(body, status_code=status, headers=all_headers)
-
-
-def _stream_name(value: str) -> str:
-    """The name of a stream given by path (``/v1/stream/<name>``) or URL."""
-    if "://" in value:
-        value = "/" + value.split("://", 1)[1].partition("/")[2]
-    if not value.startswith(STREAM_ROOT) or len(value) == len(STREAM_ROOT):
-        raise HttpError(400, "bad-request", f"a stream is named {STREAM_ROOT}<name>")
-    return value[len(STREAM_ROOT):]
-
-
-def _if_match(value: str | None) -> str | None:
-    """``If-Match: "<tail>"``: the tail an append expects, an offset (``"-1"``: an empty
-    stream) or, for a session, an entry id (``""``: no entry yet)."""
-    if value is None:
-        return None
-    text = value.strip()
-    if len(text) < 2 or not (text.startswith('"') and text.endswith('"')):
-        raise HttpError(400, "bad-request", 'If-Match is quoted: "<Stream-Next-Offset>" or "<entry id>"')
-    return text[1:-1]
-
-
-def _flag(value: str | None) -> bool:
-    return value is not None and value.strip().lower() == "true"
-
-
-def uint(value: str, what: str, largest: int = _MAX_SAFE_INT, *, zeros: bool = False) -> int:
-    """``value`` as a non-negative integer of at most ``largest`` (leading zeros only if
-    ``zeros``), else 400: every integer of a stream request's headers and query is read here
-    (the sessions' routes have theirs), and a number of thousands of digits is refused by
-    its length before Python converts it."""
-    if not (_DIGITS if zeros else _UINT).fullmatch(value):
-        raise HttpError(400, "bad-request", f"{what} is an integer from 0 to {largest}")
-    digits = value.lstrip("0") or "0"
-    if len(digits) > len(str(largest)) or int(digits) > largest:
-        raise HttpError(400, "bad-request", f"{what} is an integer from 0 to {largest}")
-    return int(digits)
-
-
-def _ttl(value: str | None) -> int | None:
-    if value is None:
-        return None
-    # Seconds: at most 2^53 ms, halved, so that any clock plus it stays an exact integer.
-    return uint(value, "Stream-TTL", _MAX_TTL_S)
-
-
-def _expires_at(value: str | None) -> tuple[str | None, int | None]:
-    if value is None:
-        return None, None
-    text = value.strip()
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise HttpError(400, "bad-request", "Stream-Expires-At is an RFC 3339 timestamp") from None
-    if when.tzinfo is None or "T" not in text.upper():
-        raise HttpError(400, "bad-request", "Stream-Expires-At needs a date, a time and a zone")
-    return value, int(when.timestamp() * 1000)
-
-
-def _producer(h: Any) -> Producer | None:
-    pid, epoch, seq = h.get("producer-id"), h.get("producer-epoch"), h.get("producer-seq")
-    given = [v is not None for v in (pid, epoch, seq)]
-    if not any(given):
-        return None
-    if not all(given):
-        raise HttpError(400, "bad-request", "Producer-Id, Producer-Epoch and Producer-Seq go together")
-    if not pid:
-        raise HttpError(400, "bad-request", "Producer-Id is empty")
-    return Producer(pid, uint(epoch, "Producer-Epoch", zeros=True), uint(seq, "Producer-Seq", zeros=True))
-
-
-def _messages(body: bytes, content_type: str | None, *, allow_empty_array: bool) -> list[Any]:
-    """A request body as the messages of one append: a JSON body's values (an array is
-    flattened one level), any other body as one message."""
-    if content_type is None or not is_json_type(content_type):
-        return [body]
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise HttpError(400, "invalid-json", f"the body is not JSON: {exc}") from None
-    if isinstance(value, list):
-        if not value and not allow_empty_array:
-            raise HttpError(400, "empty-body", "an empty JSON array appends nothing")
-        return value
-    return [value]
-
-
-def _body_of(info: StreamInfo, batches: list[Batch]) -> bytes:
-    if info.config.json:
-        # One call for the whole body (a session's entries may hold lone surrogates, as pi
-        # writes them: encode_json writes those as JSON.stringify does).
-        return encode_json([m for b in batches for m in b.messages])
-    return b"".join(m for b in batches for m in b.messages)
-
-
-def _cursor(client: str | None) -> str:
-    """The CDN-collapsing cursor of the protocol: the current 20 s interval, or strictly
-    past the client's when the client is already there."""
-    current = int((time.time() - _CURSOR_EPOCH_S) // _CURSOR_INTERVAL_S)
-    if client is not None and _DIGITS.fullmatch(client):  # any other cursor is not ours
-        theirs = uint(client, "cursor", zeros=True)
-        if theirs >= current:
-            return str(theirs + max(1, -(-random.randint(1, 3600) // _CURSOR_INTERVAL_S)))
-    return str(current)
-
-
-def _sse_base64(content_type: str) -> bool:
-    mt = media_type(content_type)
-    return not (mt.startswith("text/") or mt == "application/json")
-
-
-_NEWLINES = re.compile(r"\r\n|\r|\n")
-
-
-def _sse_data(info: StreamInfo, batch: Batch, b64: bool) -> bytes:
-    if info.config.json:
-        text = encode_json(batch.messages).decode()
-    elif b64:
-        text = base64.b64encode(b"".join(batch.messages)).decode("ascii")
-    else:
-        text = b"".join(batch.messages).decode("utf-8", "replace")
-    lines = "".join(f"data:{line}\n" for line in _NEWLINES.split(text))
-    return f"event: data\n{lines}\n".encode()
-
-
-def _sse_control(end: Offset, cursor: str, *, up_to_date: bool, closed: bool) -> bytes:
-    ctrl: dict[str, Any] = {"streamNextOffset": str(end)}
-    if closed:
-        ctrl["streamClosed"] = True
-    else:
-        ctrl["streamCursor"] = cursor
-    if up_to_date:
-        ctrl["upToDate"] = True
-    return b"event: control\ndata:" + orjson.dumps(ctrl) + b"\n\n"
 
 
 def create_app(store: SessionStore, **options: Any) -> Starlette:

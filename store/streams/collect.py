@@ -26,13 +26,16 @@ from store.streams.model import BATCH_TYPE, MAX_CAS_ATTEMPTS, StreamState
 from store.streams.state import StreamStates
 
 if TYPE_CHECKING:
-    from store.core import SessionStore
+    from store.api import Sessions
+    from store.context import StoreContext
 
 
 class StreamCollector:
-    """Deletes streams and collects the ones no fork reads any more. Thread-safe."""
+    """Deletes streams and collects the ones no fork reads any more. Thread-safe. Built from
+    the store's context and its public delete (``store``)."""
 
-    def __init__(self, store: SessionStore, states: StreamStates, forks: ForkRegistry) -> None:
+    def __init__(self, ctx: StoreContext, store: Sessions, states: StreamStates, forks: ForkRegistry) -> None:
+        self.ctx = ctx
         self.store = store
         self.states = states
         self.forks = forks
@@ -67,7 +70,7 @@ class StreamCollector:
                 st = self.states.refreshed(st.header)
             else:
                 raise ContentionError(f"stream {st.config.path!r}: the tail kept moving; retry")
-        self.store.ctx.fault("stream.delete.tombstoned", stream=st.config.path)
+        self.ctx.fault("stream.delete.tombstoned", stream=st.config.path)
         self.collect(sid, st.header.incarnation)
 
     def has_forks(self, st: StreamState) -> bool:
@@ -79,7 +82,7 @@ class StreamCollector:
         then the same for the stream it was forked from."""
         store = self.store
         try:
-            header = store.headers.read(sid)
+            header = self.ctx.headers.read(sid)
         except SessionNotFoundError:
             return
         if header.incarnation != inc:
@@ -102,7 +105,7 @@ class StreamCollector:
         except SessionNotFoundError:
             pass
         self.states.forget(sid)
-        store.ctx.fault("stream.collect.deleted", stream=sid)
+        self.ctx.fault("stream.collect.deleted", stream=sid)
         cfg = st.config
         if cfg.fork_sid is not None and cfg.fork_inc is not None:
             # Its own registration only (its token): once its header is gone, the path may
@@ -123,7 +126,7 @@ class StreamCollector:
             return True  # not a state this process can fold: keep the source
         if not st.pi and (st.deleted or self.states.expired(st)):
             self.delete_now(st)  # its own collection drops its registration
-            return bool(self.store.objects.head(reg.key))
+            return bool(self.ctx.objects.head(reg.key))
         return True
 
 

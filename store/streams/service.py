@@ -75,10 +75,12 @@ class Streams:
         self, store: SessionStore, *, cache_size: int = 4096, cache_bytes: int = DEFAULT_CACHE_BYTES
     ) -> None:
         self.store = store
-        self.states = StreamStates(store, cache_size=cache_size, cache_bytes=cache_bytes)
-        self.forks = ForkRegistry(store.layout, store.objects, store.options.retry, store.headers)
-        self.collector = StreamCollector(store, self.states, self.forks)
-        self.reads = StreamReads(store.reader, store.headers, self.states.segments)
+        self.ctx = ctx = store.ctx
+        reader = store.reader
+        self.states = StreamStates(ctx, reader, store, cache_size=cache_size, cache_bytes=cache_bytes)
+        self.forks = ForkRegistry(ctx.layout, ctx.objects, ctx.options.retry, ctx.headers)
+        self.collector = StreamCollector(ctx, store, self.states, self.forks)
+        self.reads = StreamReads(reader, ctx.headers, self.states.segments)
 
     # --- create ------------------------------------------------------------------------------
 
@@ -178,7 +180,7 @@ class Streams:
         tombstone committed) undoes the fork; one deleted after it waits for the fork."""
         path, src_sid, src_inc = config.path, config.fork_sid or "", config.fork_inc or ""
         ref_key, made_ref = self.forks.register(src_sid, src_inc, sid, config.fork_ref)
-        self.store.ctx.fault("stream.fork.registered", stream=path, source=fork_from)
+        self.ctx.fault("stream.fork.registered", stream=path, source=fork_from)
         try:
             created, info = self._create(sid, config, None, False, requested_offset=given_offset)
         except BaseException:
@@ -189,7 +191,7 @@ class Streams:
             if made_ref:
                 self.forks.drop([ref_key])  # the stream existed (the same create): its own ref holds
             return created, info
-        self.store.ctx.fault("stream.fork.created", stream=path, source=fork_from)
+        self.ctx.fault("stream.fork.created", stream=path, source=fork_from)
         try:
             self.state(fork_from, touch=False)
         except (StreamGoneError, StreamNotFoundError):
@@ -197,7 +199,7 @@ class Streams:
             # seen us. Undo (which collects the source our registration kept).
             self.collector.delete_now(self.state(path, touch=False, allow_gone=True))
             raise StreamExistsError(f"stream {fork_from!r} was deleted: no new forks") from None
-        self.store.ctx.fault("stream.fork.checked", stream=path, source=fork_from)
+        self.ctx.fault("stream.fork.checked", stream=path, source=fork_from)
         if prefix:
             self.append(path, prefix, content_type=config.content_type)
         if msgs or close:
@@ -266,7 +268,7 @@ class Streams:
         """After a failed fork create: drop our registration unless the stream at that path is
         a fork of the same source (whose registration it is too)."""
         try:
-            header = self.store.headers.read(sid)
+            header = self.ctx.headers.read(sid)
             fork = header.config.get("fork") or {}
             if (fork.get("sid"), fork.get("inc"), fork.get("ref")) == (config.fork_sid, config.fork_inc, config.fork_ref):
                 return  # our create landed after all

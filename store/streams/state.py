@@ -31,7 +31,9 @@ from store.segment_cache import SegmentCache, estimated_size
 from store.streams.model import PI_KIND, STREAM_KIND, StreamState, config_of, copy_state
 
 if TYPE_CHECKING:
-    from store.core import SessionStore
+    from store.context import StoreContext
+    from store.handles import SessionAppends
+    from store.read import Reader
 
 #: Segments a process meeting a stream for the first time fetches beside its header.
 PREFETCH_SEGMENTS = 64
@@ -39,12 +41,15 @@ PREFETCH_SEGMENTS = 64
 
 class StreamStates:
     """The stream states this process knows (at most ``cache_size``), and the segments behind
-    them (at most ``cache_bytes``). Thread-safe."""
+    them (at most ``cache_bytes``). Thread-safe. Built from the store's context, its read
+    path and its public append (``store``)."""
 
-    def __init__(self, store: SessionStore, *, cache_size: int, cache_bytes: int) -> None:
+    def __init__(
+        self, ctx: StoreContext, reader: Reader, store: SessionAppends, *, cache_size: int, cache_bytes: int
+    ) -> None:
         self.store = store
-        self.ctx = store.ctx
-        self.reader = store.reader
+        self.ctx = ctx
+        self.reader = reader
         self.segments = SegmentCache(cache_bytes)
         self._lock = threading.Lock()
         self._states: OrderedDict[str, StreamState] = OrderedDict()
