@@ -66,6 +66,7 @@ from store.errors import (
     InvalidInputError,
 )
 from store.retry import RetryPolicy
+from harness.pausing import Pause
 
 APP = "counter_app"
 
@@ -1021,3 +1022,152 @@ def test_service_over_a_sync_store_and_namespaces(urls: Urls) -> None:
     asyncio.run(main())
 
 
+
+
+# --- a writer killed or paused between the event and its shared deltas --------------------------
+#
+# An event with app:/user: keys is three store appends in order: the event (to its session),
+# its app: delta (to the app's scope), its user: delta (to the user's scope). A process may die
+# or pause at any point of any of them. Whatever the point, a reader from another process sees
+# the event with all of its state or none of it, and each scope holds the event's delta once.
+
+_SHARED = {"app:a": 1, "user:b": 2, "c": 3}
+
+#: (which append, the store's fault point, whether the event is committed when the writer dies)
+_DEATHS = [
+    ("session", "append.before_check", False),
+    ("session", "append.before_put", False),
+    ("session", "append.after_put", True),  # PUT, never COMMITted: readers roll it forward
+    ("session", "append.after_commit", True),
+    ("app", "append.before_check", True),
+    ("app", "append.after_put", True),
+    ("user", "append.before_put", True),
+    ("user", "append.after_put", True),
+    ("user", "append.after_commit", True),
+]
+
+
+def _scope_ids(service: SessionStoreSessionService, session_id: str) -> dict[str, str]:
+    return {
+        "session": service.ids.session(APP, "u", session_id),
+        "app": service.ids.app_state(APP),
+        "user": service.ids.user_state(APP, "u"),
+    }
+
+
+def _dies_between_appends(s3_url: str, redis_url: str, redis_prefix: str, session_id: str,
+                          target: str, point: str) -> None:
+    """Runs in a child process: appends one event with shared deltas and dies by SIGKILL the
+    moment its store append to ``target`` reaches ``point``."""
+    import os
+    import signal
+
+    victim: list[str] = []
+
+    def hook(at: str, info: dict[str, Any]) -> None:
+        if at == point and victim and info.get("session_id") == victim[0]:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    async def main() -> None:
+        urls = Urls(s3_url, redis_url, redis_prefix)
+        async with SessionStoreSessionService(await urls.store(fault_hook=hook), owns_store=True) as service:
+            session = await service.get_session(app_name=APP, user_id="u", session_id=session_id)
+            assert session is not None
+            victim.append(_scope_ids(service, session_id)[target])
+            await service.append_event(session, Event(id="dying-event", author="user",
+                                                      actions=EventActions(state_delta=_SHARED)))
+
+    asyncio.run(main())
+    raise SystemExit(3)  # never reached: the hook killed the process
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("target", "point", "committed"), _DEATHS)
+def test_writer_killed_between_the_event_and_its_shared_deltas(
+    urls: Urls, target: str, point: str, committed: bool
+) -> None:
+    async def create() -> str:
+        async with await urls.service() as service:
+            session = await service.create_session(app_name=APP, user_id="u",
+                                                   state={"app:x": 0, "user:y": 0})
+            return session.id
+
+    session_id = asyncio.run(create())
+    ctx = forkserver()
+    proc = ctx.Process(target=_dies_between_appends,
+                       args=(urls.s3_url, urls.redis_url, urls.redis_prefix, session_id, target, point))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == -9  # killed at the point, not finished
+
+    async def read() -> None:
+        # (claim_ms=0: the reader's own append need not wait out the dead writer's claim)
+        async with await urls.service(claim_ms=0) as reader:
+            got = await reader.get_session(app_name=APP, user_id="u", session_id=session_id)
+            assert got is not None
+            ids = _scope_ids(reader, session_id)
+            base = {"app:x": 0, "user:y": 0}
+            if committed:
+                assert [e.id for e in got.events] == ["dying-event"]
+                assert got.state == {**base, **_SHARED}
+            else:
+                assert got.events == [] and got.state == base
+            # Each scope holds the event's delta exactly once (or not at all), and another
+            # session of the user sees the user: key.
+            for scope, key in (("app", "a"), ("user", "b")):
+                deltas = [e["data"]["delta"] for e in await reader.store.load_session_entries(ids[scope])
+                          if e.get("customType") == STATE_TYPE]
+                assert [d for d in deltas if key in d] == ([{key: _SHARED[f"{scope}:{key}"]}] if committed else [])
+            user_state = await reader.get_user_state(app_name=APP, user_id="u")
+            assert user_state == ({"y": 0, "b": 2} if committed else {"y": 0})
+            again = await reader.get_session(app_name=APP, user_id="u", session_id=session_id)
+            assert again == got
+            # The reloaded session is the store's: the next event appends on it.
+            nxt = Event(author="user", actions=EventActions(state_delta={"user:b": 7}))
+            await reader.append_event(again, nxt)
+            final = await reader.get_session(app_name=APP, user_id="u", session_id=session_id)
+            assert [e.id for e in final.events][-1] == nxt.id
+            assert final.state["user:b"] == 7
+
+    asyncio.run(read())
+
+
+def test_writer_paused_between_its_shared_deltas_doubles_nothing_and_overwrites_nothing(
+    urls: Urls,
+) -> None:
+    """A writer paused after its event and its app: delta, before its user: delta: a reader
+    writes the missing delta; another session then sets the same user: key; the writer,
+    resumed, re-sends its delta under the same id (a duplicate): the later value stands."""
+
+    async def main() -> None:
+        async with await urls.service() as setup:
+            await setup.create_session(app_name=APP, user_id="u", session_id="s1")
+            await setup.create_session(app_name=APP, user_id="u", session_id="s2")
+            user_sid = setup.ids.user_state(APP, "u")
+        pause = Pause("append.before_check", when=lambda info: info.get("session_id") == user_sid)
+        async with await urls.service(fault_hook=pause) as writer, await urls.service(claim_ms=0) as other:
+            s1 = await writer.get_session(app_name=APP, user_id="u", session_id="s1")
+            event = Event(author="user", actions=EventActions(state_delta=_SHARED))
+            appending = asyncio.ensure_future(writer.append_event(s1, event))
+            await asyncio.to_thread(pause.wait_paused)
+            assert not appending.done()
+            # The event and its app: delta are in; the user: delta is not yet.
+            assert await other.get_user_state(app_name=APP, user_id="u") == {}
+            got = await other.get_session(app_name=APP, user_id="u", session_id="s1")
+            assert [e.id for e in got.events] == [event.id] and got.state == _SHARED
+            assert await other.get_user_state(app_name=APP, user_id="u") == {"b": 2}
+            s2 = await other.get_session(app_name=APP, user_id="u", session_id="s2")
+            assert s2.state == {"app:a": 1, "user:b": 2}
+            await other.append_event(s2, Event(author="user", actions=EventActions(state_delta={"user:b": 5})))
+            pause.release()
+            await appending
+            assert s1.state == _SHARED  # the writer's own object, as ADK updates it
+            assert await other.get_user_state(app_name=APP, user_id="u") == {"b": 5}
+            user_entries = await other.store.load_session_entries(user_sid)
+            assert [e["data"]["delta"] for e in user_entries if e.get("customType") == STATE_TYPE] == [
+                {"b": 2}, {"b": 5}
+            ]
+            s1_again = await other.get_session(app_name=APP, user_id="u", session_id="s1")
+            assert s1_again.state == {"app:a": 1, "user:b": 5, "c": 3}
+
+    asyncio.run(main())

@@ -1,4 +1,4 @@
-"""Strands Agents' ``SessionRepository`` on the store (``store/adapters/strands.py``).
+"""Strands Agents' ``SessionRepository`` on the store (``store/adapters/strands/``).
 
 Real servers (S3 on moto and SeaweedFS, a real redis-server), the real ``strands.Agent`` loop
 driven by a scripted ``strands.models.Model``, real processes. The repository cases ported

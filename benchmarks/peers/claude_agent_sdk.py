@@ -17,7 +17,10 @@ the store also after one compaction (``compactor``). ``append_ms_p50``/``p99`` c
 400-flush transcript, as do ``append_object_writes`` and ``append_requests`` (per append after
 the first, as the store counts what it sends) and ``list_summaries_first_ms_400`` (the first
 ``list_session_summaries`` of the writer process: the summary is folded from the transcript
-when listed, not written by ``append``).
+when listed, not written by ``append``). ``append_ms_p50_interleaved_adapter`` and
+``_store_call``: what the adapter adds to the store call it maps to, 200 rounds of an ``append``
+and of ``AsyncSessionStore.append_session_entries`` with the same (wrapped) entries, in one
+loop.
 
 Standalone: ``python -c "from pathlib import Path; from benchmarks.peers.claude_agent_sdk import
 run; print(run('file:///tmp/ccb', None, Path('/tmp/ccw'), quick=True))"``.
@@ -204,9 +207,39 @@ async def _adapter_side(objects_url: str, redis_url: str | None, sizes: list[int
             sid = writer.session_id_for(key)  # type: ignore[arg-type]
             await asyncio.to_thread(Compactor(writer.store.sync, CompactorOptions()).compact_session, sid)
             await cold("_compacted")
+        rows += await _adapter_against_the_store_call(writer, min(sizes[0], 200))
     finally:
         await writer.close()
     return rows
+
+
+async def _adapter_against_the_store_call(writer: Any, n: int) -> list[dict[str, Any]]:
+    """What the adapter adds to the store call it maps to: ``n`` rounds, each one ``append``
+    through the adapter to one transcript and the same entries, as the adapter wraps them,
+    through ``AsyncSessionStore.append_session_entries`` to another, in one loop (so both
+    see the same load)."""
+    via_adapter, via_store = str(uuid.uuid4()), str(uuid.uuid4())
+    keys = [{"project_key": "-work-bench", "session_id": s} for s in (via_adapter, via_store)]
+    for k in keys:  # the first append registers the transcript
+        await writer.append(k, _flush(k["session_id"], 0, None))  # type: ignore[arg-type]
+    sid = writer.session_id_for(keys[1])  # type: ignore[arg-type]
+    times: tuple[list[float], list[float]] = ([], [])
+    parents: list[str | None] = [None, None]
+    for i in range(1, n):
+        for side, k in enumerate(keys):
+            batch = _flush(k["session_id"], i, parents[side])
+            parents[side] = batch[-1]["uuid"]
+            t = time.perf_counter()
+            if side == 0:
+                await writer.append(k, batch)
+            else:
+                (chunk,) = writer._wrap_batch(batch)
+                await writer.store.append_session_entries(sid, chunk)
+            times[side].append(time.perf_counter() - t)
+    return [
+        _row(OURS, "append_ms_p50_interleaved_adapter", _pct(times[0], 50) * 1000, "ms"),
+        _row(OURS, "append_ms_p50_interleaved_store_call", _pct(times[1], 50) * 1000, "ms"),
+    ]
 
 
 def _reference_side(objects_url: str, workdir: Path, sizes: list[int]) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@
 Claude Code keeps a project's transcripts as ``<projects dir>/<project>/<session>.jsonl``, with
 subagent transcripts beside them (``<session>/subagents/agent-*.jsonl``). These commands move
 such a tree into the store through the Claude Agent SDK adapter
-(``store/adapters/claude_agent_sdk.py``; ``pip install 'sessionstore[claude-agent-sdk]'``) and
+(``store/adapters/claude_agent_sdk/``; ``pip install 'sessionstore[claude-agent-sdk]'``) and
 back out to the same layout, so that an existing fleet can move its history in and out.
 Importing the same tree again (or a longer version of it) stores nothing twice: an entry's
 ``uuid`` is its identity.

@@ -1,64 +1,6 @@
-"""The Claude Agent SDK's ``SessionStore`` on the store: ``ClaudeSessionStore``.
-
-A transcript mirror that many processes on many machines share::
-
-    from claude_agent_sdk import ClaudeAgentOptions, query
-    from store.adapters.claude_agent_sdk import ClaudeSessionStore
-
-    store = await ClaudeSessionStore.open("s3://bucket/claude?endpoint=...", "redis://redis:6379/0")
-    async for message in query(prompt="hi", options=ClaudeAgentOptions(session_store=store)):
-        ...
-    await store.close()
-
-or ``ClaudeSessionStore(async_store)`` over an :class:`~store.aio.AsyncSessionStore` you have.
-Every method of the SDK's protocol is implemented: ``append`` and ``load``, and the optional
-``list_sessions``, ``list_session_summaries``, ``delete`` and ``list_subkeys``; all are
-awaitable and never block the event loop (the store's protocols run on threads).
-
-**Keys.** Each SDK key ``{project_key, session_id, subpath?}`` is one session of the store,
-named ``cc.<P>.<S>`` (a main transcript) or ``cc.<P>.<S>.<U>`` (a subpath: a subagent's
-transcript, its own stream), where ``P`` hashes the project key (and the store's
-``namespace``), ``S`` is the session id itself when it is a plain token of at most 64
-characters (a UUID is) and a hash otherwise, and ``U`` hashes the subpath. The header of each
-such session names its key in full (``pi_header["claudeAgentSdk"]``).
-
-**Entries.** Each SDK entry is one pi ``custom`` entry whose ``data`` is the entry, verbatim::
-
-    {"type": "custom", "customType": "claude-agent-sdk.entry", "id": <see below>,
-     "parentId": <previous entry of the batch>, "timestamp": <the entry's own>,
-     "batch": <hash of the batch>, "data": <the SDK entry>}
-
-One ``append`` call is one atomic batch (split only past the store's batch limits, in order).
-The id is ``u.<uuid>`` for an entry with a ``uuid``: the store keeps ids unique, so an entry is
-stored once however often it is sent, and a batch that mixes stored and new uuids stores only
-the new ones (the duplicates' first stored copy wins). An entry without a ``uuid`` in a batch
-that has one gets an id derived from its content and its place next to the batch's uuids (the
-nearest uuid before it and the distance), so re-sending the batch (after a lost response, a
-timeout, ``IndeterminateError``) duplicates nothing, nor does importing the same file again in
-batches cut elsewhere, unless a cut falls between such an entry and its anchor. In a batch
-without any ``uuid`` they get fresh ids and are appended as sent, as the SDK asks. ``load``
-returns the ``data`` of these entries in the store's commit order (one order every reader
-agrees on; each writer's calls in its own order).
-
-**The project index.** Per project, one more session, ``cc.<P>``, holds small records (pi
-``custom`` entries of type ``claude-agent-sdk.index``): ``reg`` when a key's stream is created,
-``del`` when it is deleted (naming the incarnations it ended). Summaries are not written: an
-``append`` is one object write (its transcript's segment). ``list_sessions`` and
-``list_session_summaries`` read the index (incrementally), then fold each main transcript it
-lists with ``fold_session_summary``, only the segments this process has not folded yet, onto
-the fold it keeps (``AsyncSessionStore.read_since``): a fold of exactly what ``load`` returns.
-``mtime`` (both lists) is the newest write time appends stamp on their entries. (``sum``
-records of earlier versions only give the mtime of transcripts written before the stamps.)
-
-**Costs.** A steady append: one PUT and the store's two Redis scripts. A cold ``load`` of an
-uncompacted transcript reads its segments (Redis's recent-segments cache serves the newest);
-once the compactor has merged it, a few GETs whatever its length
-(``tests/test_adapter_claude_agent_sdk.py``, ``benchmarks/peers/claude_agent_sdk.py``). A
-listing costs, per main transcript, its new segments and a probe.
-
-A ``delete`` racing with appends to the same key may leave the racing
-stream unlisted (the SDK deletes only when asked to).
-"""
+"""``ClaudeSessionStore``: the SDK's ``SessionStore`` protocol over the store (records and
+folds in :mod:`store.adapters.claude_agent_sdk.records`; the package's docstring says how it
+all fits)."""
 
 from __future__ import annotations
 
@@ -68,9 +10,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import TYPE_CHECKING, Any, Self
 
 from claude_agent_sdk import fold_session_summary
 from claude_agent_sdk.types import (
@@ -82,10 +22,23 @@ from claude_agent_sdk.types import (
 )
 from claude_agent_sdk.types import SessionStore as SdkSessionStore
 
-from store.adapters.names import digest, session_id_for
+from store.adapters.claude_agent_sdk.records import (
+    _EPOCH_ISO,
+    _LIST_CONCURRENCY,
+    _MAX_UUID_ID,
+    ENTRY_TYPE,
+    HEADER_KEY,
+    INDEX_TYPE,
+    _anchor,
+    _canonical,
+    _Fold,
+    _h,
+    _ProjectState,
+    _View,
+)
+from store.adapters.names import session_id_for
 from store.clock import iso_now, now_ms
 from store.errors import (
-    ConflictError,
     IdCollisionError,
     IndeterminateError,
     InvalidInputError,
@@ -93,142 +46,12 @@ from store.errors import (
     SessionNotFoundError,
     UnknownParentError,
 )
-from store.records import EMPTY_TAIL, AppendResult, Header
+from store.records import EMPTY_TAIL, AppendResult
 
 if TYPE_CHECKING:
     from store.aio import AsyncSessionStore
 
-__all__ = [
-    "ENTRY_TYPE",
-    "INDEX_TYPE",
-    "ClaudeSessionStore",
-    "export_claude_projects",
-    "import_claude_projects",
-]
-
 log = logging.getLogger("sessionstore.claude")
-
-#: ``customType`` of the entry holding one SDK transcript entry (``data``).
-ENTRY_TYPE = "claude-agent-sdk.entry"
-#: ``customType`` of the records of a project's index session.
-INDEX_TYPE = "claude-agent-sdk.index"
-#: Key in a session header's ``pi_header`` naming the SDK key it holds.
-HEADER_KEY = "claudeAgentSdk"
-
-_EPOCH_ISO = "1970-01-01T00:00:00.000Z"
-_MAX_UUID_ID = 200
-#: Transcripts a listing reads at once.
-_LIST_CONCURRENCY = 16
-
-
-
-def _h(text: str, size: int = 10) -> str:
-    return digest(text, scheme="blake2b", size=size)
-
-
-def _anchor(uuids: list[str | None], i: int) -> str:
-    """Where a uuid-less entry sits: the nearest uuid before it in its batch and how far back
-    (else the nearest after it). The same batch gives the same anchors, and so does the same
-    file cut into other batches as long as the cut does not fall between the two."""
-    for j in range(i - 1, -1, -1):
-        if uuids[j] is not None:
-            return f"{uuids[j]}+{i - j}"
-    for j in range(i + 1, len(uuids)):
-        if uuids[j] is not None:
-            return f"{uuids[j]}-{j - i}"
-    raise AssertionError("a batch with a uuid")
-
-
-def _canonical(value: Any) -> str:
-    try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"a transcript entry is not JSON: {exc}") from None
-
-
-# --- the project index ------------------------------------------------------------------------
-
-
-@dataclass
-class _Main:
-    """What the index says of one main transcript."""
-
-    mtime: int = 0
-    #: {"inc", "through", "mtime", "data"} of the newest ``sum`` record, or None.
-    summary: dict[str, Any] | None = None
-
-
-@dataclass
-class _ProjectState:
-    mains: dict[str, _Main] = field(default_factory=dict)
-    #: session id -> subpath -> registration time
-    subs: dict[str, dict[str, int]] = field(default_factory=dict)
-    #: incarnations a ``del`` record ended: their ``sum`` records are void.
-    dead: set[str] = field(default_factory=set)
-
-    def apply(self, entry: dict[str, Any]) -> None:
-        if entry.get("type") != "custom" or entry.get("customType") != INDEX_TYPE:
-            return
-        rec = entry.get("data")
-        if not isinstance(rec, dict):
-            return
-        op, sid, sub = rec.get("op"), rec.get("session_id"), rec.get("subpath")
-        if not isinstance(sid, str):
-            return
-        if op == "reg":
-            if sub is None:
-                main = self.mains.setdefault(sid, _Main())
-                if not main.mtime:
-                    main.mtime = int(rec.get("mtime") or 0)
-            else:
-                self.subs.setdefault(sid, {}).setdefault(str(sub), int(rec.get("mtime") or 0))
-        elif op == "sum":
-            inc = rec.get("inc")
-            if inc in self.dead:
-                return  # folded from a transcript that a delete has ended since
-            main = self.mains.setdefault(sid, _Main())
-            cur = main.summary
-            through = int(rec.get("through") or 0)
-            if cur is None or cur["inc"] != inc or through >= cur["through"]:
-                # A record whose fold changed nothing carries no ``data``: the previous stands.
-                data = rec["data"] if "data" in rec else (cur["data"] if cur and cur["inc"] == inc else {})
-                main.summary = {"inc": inc, "through": through, "mtime": int(rec["mtime"]), "data": data}
-            main.mtime = max(main.mtime, int(rec["mtime"]))
-        elif op == "del":
-            self.dead.update(str(i) for i in rec.get("incs") or ())
-            if sub is None:
-                self.mains.pop(sid, None)
-                self.subs.pop(sid, None)
-            else:
-                subs = self.subs.get(sid)
-                if subs is not None:
-                    subs.pop(str(sub), None)
-                    if not subs:
-                        del self.subs[sid]
-
-
-@dataclass(frozen=True, slots=True)
-class _Fold:
-    """A main transcript's summary as this process last folded it: ``fold_session_summary``'s
-    ``data`` over segments 1..``seq`` of incarnation ``inc``, and the newest write time
-    (``mtime``, epoch ms) among them."""
-
-    inc: str
-    seq: int
-    data: dict[str, Any]
-    mtime: int
-
-
-@dataclass
-class _View:
-    """This process's copy of a project index: read once, then only what was added."""
-
-    header: Header | None
-    seq: int
-    tail: str
-    state: _ProjectState
-
 
 # --- the adapter ------------------------------------------------------------------------------
 
@@ -239,8 +62,6 @@ class ClaudeSessionStore(SdkSessionStore):
     ``namespace`` separates independent sets of projects in one store (it is hashed into the
     session names). ``resend_attempts``: re-sends of one batch after ``IndeterminateError``
     before it is raised (the SDK then retries the call, which is just as safe).
-    ``summary_rounds``: compare-and-set rounds of a summary update lost to other writers
-    before it is left to the next append (a warning is logged).
     """
 
     def __init__(
@@ -250,7 +71,6 @@ class ClaudeSessionStore(SdkSessionStore):
         namespace: str = "",
         owns_store: bool = False,
         resend_attempts: int = 5,
-        summary_rounds: int = 100,
     ) -> None:
         from store.aio import AsyncSessionStore
 
@@ -262,7 +82,6 @@ class ClaudeSessionStore(SdkSessionStore):
         self.namespace = namespace
         self._owns = owns_store
         self._resend_attempts = max(1, resend_attempts)
-        self._summary_rounds = max(1, summary_rounds)
         self._views: dict[str, _View] = {}
         #: Summaries folded so far, by transcript (store session id).
         self._folds: dict[str, _Fold] = {}
@@ -675,111 +494,3 @@ class ClaudeSessionStore(SdkSessionStore):
         return new
 
 
-# --- Claude Code's on-disk layout -------------------------------------------------------------
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                value = json.loads(line)
-                if isinstance(value, dict):
-                    out.append(value)
-    return out
-
-
-def _write_jsonl(path: Path, entries: list[Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for e in entries:
-            f.write(json.dumps(e, separators=(",", ":"), ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
-async def import_claude_projects(
-    store: ClaudeSessionStore, directory: str | Path, *, batch_size: int = 500
-) -> list[SessionKey]:
-    """Import a Claude Code projects directory (``~/.claude/projects``):
-    ``<dir>/<project>/<session>.jsonl`` and the subagent transcripts beside them,
-    ``<dir>/<project>/<session>/subagents/**/agent-*.jsonl`` (with their ``.meta.json``
-    sidecars, as the SDK's ``import_session_to_store`` does). Idempotent: entries are keyed by
-    their uuid and the batches are cut the same way each time, so importing the same tree
-    again (or a longer version of it) stores nothing twice. Returns the keys imported."""
-    root = Path(directory)
-    keys: list[SessionKey] = []
-    for project_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        project_key = project_dir.name
-        for main in sorted(project_dir.glob("*.jsonl")):
-            session_id = main.name[: -len(".jsonl")]
-            key: SessionKey = {"project_key": project_key, "session_id": session_id}
-            await _import_file(store, key, main, batch_size)
-            keys.append(key)
-            session_dir = project_dir / session_id
-            for sub in sorted((session_dir / "subagents").rglob("*.jsonl")) if session_dir.is_dir() else ():
-                rel = list(sub.relative_to(session_dir).parts)
-                rel[-1] = rel[-1][: -len(".jsonl")]
-                sub_key: SessionKey = {**key, "subpath": "/".join(rel)}
-                await _import_file(store, sub_key, sub, batch_size)
-                meta_path = sub.with_name(sub.name[: -len(".jsonl")] + ".meta.json")
-                if meta_path.is_file():
-                    try:
-                        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-                    except ValueError:
-                        meta = None
-                    if isinstance(meta, dict):
-                        # Keyed by the sidecar's content (a uuid of our own), so that a
-                        # second import finds it stored.
-                        marker = "meta-" + _h(_canonical(meta), 16)
-                        meta_entry = cast(SessionStoreEntry, {**meta, "type": "agent_metadata", "uuid": marker})
-                        await store.append(sub_key, [meta_entry])
-                keys.append(sub_key)
-    return keys
-
-
-async def _import_file(store: ClaudeSessionStore, key: SessionKey, path: Path, batch_size: int) -> None:
-    entries = _read_jsonl(path)
-    for i in range(0, len(entries), batch_size):
-        await store.append(key, cast("list[SessionStoreEntry]", entries[i : i + batch_size]))
-
-
-async def export_claude_projects(
-    store: ClaudeSessionStore, directory: str | Path, project_keys: Sequence[str]
-) -> list[Path]:
-    """Write the given projects back in Claude Code's layout under ``directory``: each main
-    transcript as ``<project>/<session>.jsonl``, each subpath as ``<project>/<session>/<subpath>.jsonl``
-    (an ``agent_metadata`` entry goes back to its ``.meta.json`` sidecar). Returns the files."""
-    root = Path(directory)
-    written: list[Path] = []
-    for project_key in project_keys:
-        if "/" in project_key or project_key in (".", ".."):
-            raise InvalidInputError(f"project key {project_key!r} is not a directory name")
-        for listed in await store.list_sessions(project_key):
-            session_id = listed["session_id"]
-            key: SessionKey = {"project_key": project_key, "session_id": session_id}
-            entries = await store.load(key)
-            if entries is None:
-                continue
-            path = root / project_key / f"{session_id}.jsonl"
-            _write_jsonl(path, entries)
-            written.append(path)
-            for subpath in await store.list_subkeys(key):
-                parts = subpath.split("/")
-                if any(p in ("", ".", "..") for p in parts):
-                    continue
-                sub_entries = await store.load({**key, "subpath": subpath})
-                if sub_entries is None:
-                    continue
-                meta = [e for e in sub_entries if e.get("type") == "agent_metadata"]
-                lines = [e for e in sub_entries if e.get("type") != "agent_metadata"]
-                sub_path = root / project_key / session_id / (subpath + ".jsonl")
-                _write_jsonl(sub_path, lines)
-                written.append(sub_path)
-                if meta:
-                    sidecar = {k: v for k, v in meta[-1].items() if k not in ("type", "uuid")}
-                    meta_path = sub_path.with_name(sub_path.name[: -len(".jsonl")] + ".meta.json")
-                    meta_path.write_text(json.dumps(sidecar), encoding="utf-8")
-                    written.append(meta_path)
-    return written

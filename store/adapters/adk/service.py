@@ -1,93 +1,6 @@
-"""Google ADK's ``BaseSessionService`` on the store: ``SessionStoreSessionService``.
-
-A drop-in for ``DatabaseSessionService`` that many processes on many machines can share::
-
-    from google.adk.runners import Runner
-    from store.adapters.adk import SessionStoreSessionService
-
-    service = await SessionStoreSessionService.open("s3://bucket/adk?endpoint=...",
-                                                    "redis://redis:6379/0")
-    runner = Runner(app_name="app", agent=agent, session_service=service)
-    ...
-    await service.close()
-
-or, over a store you already have: ``SessionStoreSessionService(async_store)``.
-
-**How ADK's data maps onto the store.** ADK names a session by ``(app_name, user_id,
-session_id)``, three arbitrary strings; the store's ids are ``[A-Za-z0-9._-]``, at most 128
-characters. So every ADK object lives in a store session whose id is a digest of its names
-(``<namespace>-<kind>-<40 hex digits of SHA-256>``, see :class:`StoreIds`), and the names
-themselves are kept inside (in the header's ``pi_header["adk"]``):
-
-- ``<ns>-s-…``, one per ADK session. Its **header** is the session's creation: the names, a
-  random nonce, ``createTime`` and the initial state (session-scoped, and the ``app:``/``user:``
-  keys it sets), written once with the store's conditional create (so ``create_session`` is
-  atomic, and a second one with the same id gets ADK's ``AlreadyExistsError``). Each
-  **event** is one pi ``custom`` entry::
-
-      {"type": "custom", "customType": "adk.event", "id": "ev:<event.id>",
-       "parentId": <previous entry>, "timestamp": <ISO of event.timestamp>,
-       "data": event.model_dump(exclude_none=True, mode="json")}
-
-  State deltas travel inside the event (``data.actions.state_delta``), exactly as ADK keeps
-  them; the session's state is rebuilt by folding, in commit order, the initial state and the
-  session-scoped keys of every event's delta (``temp:`` keys are never stored: ADK's own
-  trimming runs first, as in every service of the framework).
-- ``<ns>-a-…`` (one per app) and ``<ns>-u-…`` (one per app and user): the ``app:`` and
-  ``user:`` scopes, shared by sessions. Each holds ``adk.state`` entries whose ``data.delta``
-  is one event's (or one creation's) delta for that scope, without the prefix; the scope's
-  state is their fold in the store's commit order (the last committed write of a key wins,
-  the order every reader agrees on).
-- ``<ns>-i-…`` (one per app and user): the session index, so ``list_sessions`` never scans
-  the store. ``adk.index`` entries ``{"op": "created"|"deleted", "sessionId", "nonce"}``.
-  ``<ns>-r-…`` (one per app): the app's users (``adk.user``), for
-  ``list_sessions(app_name, user_id=None)``.
-
-**Stale writers.** ``append_event`` appends with ``expected_tail_entry_id`` = the last entry
-the caller's ``Session`` object knows: a compare-and-set. That entry is kept in ADK's own
-revision marker, ``Session._storage_update_marker`` (``<creation nonce>/<tail entry id>``),
-which this service sets on every session it returns or appends to, so a session read with a
-``GetSessionConfig`` filter (fewer events) still knows the true tail; without a marker (a
-``Session`` built elsewhere) it is the entry of the object's last event. While a session is
-empty its tail is the same in every life of it, so the first append also checks the creation
-nonce (a session deleted and created again since the object was read is another session).
-A writer whose session object is behind the store (another process appended since it loaded)
-gets ADK's ``StaleSessionError`` with ``DatabaseSessionService``'s message, and nothing is
-written: it reloads (``get_session``) and appends again. Writers never merge silently. Within
-one process, appends to one session are serialised (as the database service does), so tasks
-sharing one ``Session`` object do not refuse each other.
-
-**Shared scopes are written after the event.** One atomic batch reaches one store session,
-so an event with ``app:``/``user:`` keys commits first (the event, with its delta, is the
-truth), then its deltas are appended to the shared scopes under ids recorded in the event
-entry (``"adk": {"app": <id>, "user": <id>}``). A re-send is idempotent (the store answers
-DUPLICATE), so a process that dies in between loses nothing: the next ``get_session`` of that
-session, anywhere, finds the deltas missing and appends them (late: a write to the same key
-committed in between by another session is then overwritten). Within the process, a delta
-that could not be written (backend down) is retried on the next call for that session.
-
-**Listing.** ``list_sessions(app_name, user_id)`` reads that user's index (not the store),
-then each listed session (in parallel) for its state and ``last_update_time``, as ADK's
-``ListSessionsResponse`` carries state. ADK's interface has no pagination; the cost is one
-read per session of the user. The index records ``created`` *before* the session is created
-and ``deleted`` after it is gone, each with the creation's random nonce, so it is a superset
-of the live sessions whatever crashes or races happen; sessions that do not exist are dropped
-when read.
-
-**Costs.** ``create_session``: the index record, then the header, with the two scopes read
-meanwhile. ``append_event``: one append (plus one per shared scope its delta writes; the first append
-through a session object read while the session was empty also reads the header).
-``get_session``: three store sessions read at once (the session, its app scope, its user
-scope); ``get_user_state`` reads one. A scope session grows by one entry per event that writes
-it (the compactor keeps its reads cheap).
-
-**Deleting** a session deletes its store session (every event); the app and user scopes keep
-what it wrote, as in ``DatabaseSessionService``. An event hidden with ``store.redact`` is
-left out of ``events`` and of the session's state fold.
-
-Session ids are stripped of surrounding whitespace on create, get and delete, as the in-memory
-and SQLite services do; a blank or missing one is generated (``google.adk.platform.uuid``).
-"""
+"""``SessionStoreSessionService``: ADK's ``BaseSessionService`` over the store (the layout is
+in :mod:`store.adapters.adk.layout`, the reading fold in :mod:`store.adapters.adk.state`; the
+package's docstring says how it all fits)."""
 
 from __future__ import annotations
 
@@ -95,11 +8,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
-import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from google.adk.errors import StaleSessionError
@@ -110,7 +20,6 @@ from google.adk.errors.session_not_found_error import (
 from google.adk.events.event import Event
 from google.adk.platform import time as platform_time
 from google.adk.platform import uuid as platform_uuid
-from google.adk.sessions import _session_util
 from google.adk.sessions.base_session_service import (
     BaseSessionService,
     GetSessionConfig,
@@ -119,7 +28,29 @@ from google.adk.sessions.base_session_service import (
 from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
 
-from store.adapters.names import digest, session_id_for
+from store.adapters.adk.layout import (
+    EVENT_ID_PREFIX,
+    INDEX_TYPE,
+    STALE_SESSION_MESSAGE,
+    USER_TYPE,
+    StoreIds,
+    _initial_scopes,
+    _iso,
+    _marker,
+    _new_delta_ids,
+    _parse_marker,
+    _scope_entry,
+    _scoped,
+    event_entry,
+)
+from store.adapters.adk.state import (
+    _filter_events,
+    _fold_scope,
+    _Loaded,
+    _merge_state,
+    _without_redacted,
+)
+from store.adapters.names import digest
 from store.clock import iso_now
 from store.errors import (
     BackendError,
@@ -130,274 +61,15 @@ from store.errors import (
     SessionExistsError,
     SessionNotFoundError,
 )
-from store.model.rules import REDACTION_TYPE
-from store.records import EMPTY_TAIL, AppendResult, Header
+from store.records import EMPTY_TAIL, AppendResult
 
 if TYPE_CHECKING:
     from store.aio import AsyncSessionStore
     from store.core import SessionStore
 
-__all__ = [
-    "EVENT_TYPE",
-    "INDEX_TYPE",
-    "STALE_SESSION_MESSAGE",
-    "STATE_TYPE",
-    "USER_TYPE",
-    "SessionStoreSessionService",
-    "StoreIds",
-    "event_entry",
-]
-
 log = logging.getLogger("sessionstore.adk")
 
-#: ``customType`` of the entry holding one event (``data`` is the event's JSON).
-EVENT_TYPE = "adk.event"
-#: ``customType`` of a delta of the ``app:`` or ``user:`` scope (``data.delta``).
-STATE_TYPE = "adk.state"
-#: ``customType`` of a session index record (``data.op`` is ``created`` or ``deleted``).
-INDEX_TYPE = "adk.index"
-#: ``customType`` of an app's user record (``data.userId``).
-USER_TYPE = "adk.user"
-#: Prefix of an event's entry id (the rest is ``event.id``).
-EVENT_ID_PREFIX = "ev:"
-
-#: What ``DatabaseSessionService`` says to a stale writer (its ``StaleSessionError``).
-STALE_SESSION_MESSAGE = (
-    "The session has been modified in storage since it was loaded. "
-    "Please reload the session before appending more events."
-)
-
-_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$")
 _T = TypeVar("_T")
-
-
-# --- naming ----------------------------------------------------------------------------------
-
-
-class StoreIds:
-    """The store session ids of an ADK app, user and session (``<ns>-<kind>-<digest>``).
-
-    Kinds: ``s`` a session's events, ``u`` a user's ``user:`` state, ``i`` a user's session
-    index, ``a`` an app's ``app:`` state, ``r`` an app's users. The digest is the first 40 hex
-    digits of SHA-256 over the JSON list ``[kind, app_name, user_id, session_id]``.
-    """
-
-    def __init__(self, namespace: str = "adk") -> None:
-        if not isinstance(namespace, str) or not _NAMESPACE_RE.match(namespace):
-            raise InvalidInputError(
-                f"namespace must match {_NAMESPACE_RE.pattern}, not {namespace!r}"
-            )
-        self.namespace = namespace
-
-    def _id(self, kind: str, *names: str) -> str:
-        return session_id_for("google-adk", kind, *names, namespace=self.namespace)
-
-    def session(self, app_name: str, user_id: str, session_id: str) -> str:
-        return self._id("s", app_name, user_id, session_id)
-
-    def user_state(self, app_name: str, user_id: str) -> str:
-        return self._id("u", app_name, user_id)
-
-    def index(self, app_name: str, user_id: str) -> str:
-        return self._id("i", app_name, user_id)
-
-    def app_state(self, app_name: str) -> str:
-        return self._id("a", app_name)
-
-    def users(self, app_name: str) -> str:
-        return self._id("r", app_name)
-
-
-# --- entries ---------------------------------------------------------------------------------
-
-
-def _json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by None (the store refuses NaN and
-    Infinity; JSON has neither, and pydantic's JSON output writes them as null)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def _iso(ts: float) -> str:
-    try:
-        when = datetime.fromtimestamp(ts, UTC)
-    except (OverflowError, OSError, ValueError):
-        return iso_now()
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _event_data(event: Event) -> dict[str, Any]:
-    """The event as JSON, as ``DatabaseSessionService`` stores it."""
-    return _json_safe(event.model_dump(exclude_none=True, mode="json"))  # type: ignore[no-any-return]
-
-
-def _scoped(delta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{"app": ..., "user": ..., "session": ...}`` of a JSON delta (``temp:`` dropped)."""
-    return _session_util.extract_state_delta(dict(delta))
-
-
-def _new_delta_ids(scoped: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
-    return {scope: f"d-{uuid.uuid4().hex}" for scope in ("app", "user") if scoped.get(scope)}
-
-
-def event_entry(
-    event: Event, parent_id: str | None, *, delta_ids: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """The store entry an (already trimmed) ADK event is kept as.
-
-    ``delta_ids``: the ids under which its ``app:``/``user:`` deltas are appended to the shared
-    scopes (new random ones by default, when it has such deltas).
-    """
-    data = _event_data(event)
-    entry: dict[str, Any] = {
-        "type": "custom",
-        "customType": EVENT_TYPE,
-        "id": EVENT_ID_PREFIX + event.id,
-        "parentId": parent_id,
-        "timestamp": _iso(event.timestamp),
-        "data": data,
-    }
-    if delta_ids is None:
-        delta_ids = _new_delta_ids(_scoped((data.get("actions") or {}).get("state_delta") or {}))
-    if delta_ids:
-        entry["adk"] = dict(delta_ids)
-    return entry
-
-
-def _scope_entry(
-    delta_id: str, timestamp: str, delta: dict[str, Any], source: dict[str, str]
-) -> dict[str, Any]:
-    return {
-        "type": "custom",
-        "customType": STATE_TYPE,
-        "id": delta_id,
-        "parentId": None,
-        "timestamp": timestamp,
-        "data": {"delta": delta, "source": source},
-    }
-
-
-def _fold_scope(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    for entry in entries:
-        if entry.get("customType") == STATE_TYPE and isinstance(entry.get("data"), dict):
-            delta = entry["data"].get("delta")
-            if isinstance(delta, dict):
-                state.update(delta)
-    return state
-
-
-def _merge_state(
-    app_state: Mapping[str, Any], user_state: Mapping[str, Any], session_state: Mapping[str, Any]
-) -> dict[str, Any]:
-    merged = json.loads(json.dumps(session_state))  # a deep copy of JSON
-    for key, value in app_state.items():
-        merged[State.APP_PREFIX + key] = value
-    for key, value in user_state.items():
-        merged[State.USER_PREFIX + key] = value
-    return merged
-
-
-def _without_redacted(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Entries with ``store.redact`` applied (a redacted event is left out by the fold)."""
-    if not any(e.get("type") == REDACTION_TYPE for e in entries):
-        return entries
-    from store.model.session import Session as PiSession
-
-    return list(PiSession({}, entries, validated=True).entries)
-
-
-class _Loaded:
-    """One ADK session as read from the store."""
-
-    def __init__(self, header: Header, entries: list[dict[str, Any]]) -> None:
-        self.header = header
-        self.meta: dict[str, Any] = header.pi_header.get("adk") or {}
-        self.entries = _without_redacted(entries)
-        self.tail = entries[-1]["id"] if entries else EMPTY_TAIL
-        nonce = self.meta.get("nonce")
-        #: The revision marker of a ``Session`` read now (``_marker``).
-        self.marker = _marker(nonce if isinstance(nonce, str) else None, self.tail)
-        self.events: list[dict[str, Any]] = [
-            e for e in self.entries if e.get("customType") == EVENT_TYPE and isinstance(e.get("data"), dict)
-        ]
-
-    def names_match(self, app_name: str, user_id: str, session_id: str) -> bool:
-        m = self.meta
-        return (
-            m.get("kind") == "session"
-            and m.get("appName") == app_name
-            and m.get("userId") == user_id
-            and m.get("sessionId") == session_id
-        )
-
-    def session_state(self) -> dict[str, Any]:
-        state = dict(self.meta.get("state") or {})
-        for entry in self.events:
-            delta = (entry["data"].get("actions") or {}).get("state_delta") or {}
-            state.update(_scoped(delta)["session"])
-        return state
-
-    def last_update_time(self) -> float:
-        if self.events:
-            return float(self.events[-1]["data"].get("timestamp", 0.0))
-        return float(self.meta.get("createTime", self.header.created_at_ms / 1000))
-
-    def scope_writes(self) -> list[tuple[str, dict[str, Any]]]:
-        """Every shared-scope delta this session wrote: ``(scope, entry)``, oldest first, as
-        it was (or is to be) appended to that scope (deterministic: a re-send is idempotent)."""
-        out: list[tuple[str, dict[str, Any]]] = []
-        source = {"userId": self.meta.get("userId"), "sessionId": self.meta.get("sessionId")}
-        ids = self.meta.get("deltaIds") or {}
-        if ids:
-            scoped = _scoped(self.meta.get("sharedState") or {})
-            stamp = self.meta.get("timestamp") or _iso(self.meta.get("createTime", 0.0))
-            for scope, delta_id in ids.items():
-                out.append((scope, _scope_entry(delta_id, stamp, scoped[scope], {**source, "entryId": ""})))
-        for entry in self.events:
-            ids = entry.get("adk")
-            if not isinstance(ids, dict) or not ids:
-                continue
-            scoped = _scoped((entry["data"].get("actions") or {}).get("state_delta") or {})
-            for scope, delta_id in ids.items():
-                out.append(
-                    (scope, _scope_entry(delta_id, entry["timestamp"], scoped[scope], {**source, "entryId": entry["id"]}))
-                )
-        return out
-
-
-def _marker(nonce: str | None, tail: str) -> str:
-    """The ``Session._storage_update_marker`` this service sets: ``<creation nonce>/<tail
-    entry id>`` (the tail is what ``append_event`` expects; the nonce tells the lives of a
-    session apart while they are empty)."""
-    return tail if nonce is None else f"{nonce}/{tail}"
-
-
-def _parse_marker(marker: str | None) -> tuple[str | None, str | None]:
-    """``(nonce, tail)`` of a marker (``(None, None)``: no marker)."""
-    if marker is None:
-        return None, None
-    nonce, sep, tail = marker.partition("/")
-    if sep and re.fullmatch(r"[0-9a-f]{32}", nonce):
-        return nonce, tail
-    return None, marker
-
-
-def _filter_events(events: list[Event], config: GetSessionConfig | None) -> list[Event]:
-    if config is None:
-        return events
-    if config.num_recent_events == 0:
-        return []
-    if config.after_timestamp:
-        events = [e for e in events if e.timestamp >= config.after_timestamp]
-    if config.num_recent_events is not None:
-        events = events[-config.num_recent_events :]
-    return events
 
 
 def _check_name(what: str, value: Any) -> str:
@@ -525,7 +197,7 @@ class SessionStoreSessionService(BaseSessionService):
         self, app_name: str, user_id: str, state: dict[str, Any], session_id: str
     ) -> Session:
         sid = self.ids.session(app_name, user_id, session_id)
-        scoped = _json_safe(_session_util.extract_json_safe_state_delta(state))
+        scoped = _initial_scopes(state)
         shared = {State.APP_PREFIX + k: v for k, v in scoped["app"].items()}
         shared.update({State.USER_PREFIX + k: v for k, v in scoped["user"].items()})
         nonce = uuid.uuid4().hex
