@@ -428,7 +428,7 @@ class SessionStore:
 
     def delete_session(self, session_id: str, *, incarnation: str | None = None) -> None:
         """Remove the session: its header, its Redis keys and every object of its incarnation
-        (``store/deletes.py``). The header goes first; only this incarnation's objects are
+        (``store/lifecycle.py``). The header goes first; only this incarnation's objects are
         deleted, so a delete that pauses never removes anything of a new life created
         meanwhile. ``incarnation``: delete only that life of the session
         (``SessionNotFoundError`` if the header names another)."""
