@@ -7,7 +7,7 @@ session. A test runs on each backend where its behaviour can differ: the modules
 ``EVERY_BACKEND`` (the object-store contract, the append/read/compaction protocols, pauses,
 faults, outages, multi-process and soak tests) run once per backend (test ids ``[moto]`` and
 ``[seaweedfs]``); every other S3 test (features used through the public API: adapters, CLI,
-HTTP, pi files, ...) runs on the first selected backend only. ``SESSIONSTORE_TEST_S3_EVERY=1``
+HTTP, pi files, ...) runs on the first selected backend only (SeaweedFS, see ``S3_BACKENDS``). ``SESSIONSTORE_TEST_S3_EVERY=1``
 runs every S3 test on every selected backend.
 These environment variables change that (see infra/README.md and docs/reliability.md):
 
