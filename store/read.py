@@ -325,6 +325,7 @@ class Reader:
         *,
         through: int | None = None,
         tail: TailState | None = None,
+        tail_asked: bool = False,
         cache: SegmentCache | None = None,
     ) -> tuple[list[tuple[int, dict[str, Any]]], int]:
         """Entries committed after segment ``last`` as (seq, entry), and the new last seq:
@@ -333,7 +334,7 @@ class Reader:
         ``through``: only the segments up to that one, which the caller knows exist (Redis's
         tail or an earlier read named them): no probe past them, and the last seq returned is
         ``through``. ``tail``: Redis's tail state when the caller has just read it (else it
-        is asked here). ``cache``: decoded segments the caller keeps (``SegmentCache``),
+        is asked here); ``tail_asked``: the caller asked, and None was Redis's answer. ``cache``: decoded segments the caller keeps (``SegmentCache``),
         used before any GET and filled with what is read.
 
         1. With ``through``, or when Redis's tail names this incarnation and no manifest it
@@ -354,7 +355,7 @@ class Reader:
             kept = cache.run(sid, inc, last + 1, through)
             if kept is not None:
                 return [(s, e) for s, seg in enumerate(kept, start=last + 1) for e in seg], through
-        hint = tail if tail is not None else self.objects.tail(sid)
+        hint = tail if tail is not None or tail_asked else self.objects.tail(sid)
         if hint is not None and hint.inc != inc:
             hint = None
         if hint is not None or through is not None:
@@ -449,7 +450,8 @@ class Reader:
             data = self.read(sid, header, use_hint=True, state=hint)
             seqs = [0] * len(data.inherited) + data.seqs
             return SessionChanges(data.header, True, list(data.all_entries), seqs, data.seq)
-        fresh, seq = self.read_after(sid, header, after_seq, tail=hint)
+        # Asked above: a session Redis knows nothing of costs no second round trip.
+        fresh, seq = self.read_after(sid, header, after_seq, tail=hint, tail_asked=True)
         return SessionChanges(header, False, [e for _, e in fresh], [s for s, _ in fresh], seq)
 
     def fork_path(self, fork: ForkPoint) -> Entries:
