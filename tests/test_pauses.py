@@ -81,6 +81,20 @@ def clock() -> FakeClock:
 # --- writers --------------------------------------------------------------------------------
 
 
+class Died(Exception):
+    """Raised by :func:`dies_at`'s hook: the process ``dies`` there (nothing after it runs)."""
+
+
+def dies_at(point: str) -> Callable[[str, dict[str, Any]], None]:
+    """A fault hook that ends the call at ``point`` (a process killed there)."""
+
+    def die(at: str, ctx: dict[str, Any]) -> None:
+        if at == point:
+            raise Died()
+
+    return die
+
+
 @pytest.mark.parametrize("expected_tail", [False, True], ids=["no-expected-tail", "expected-tail"])
 @pytest.mark.parametrize("redis_during_pause", ["kept", "flushed"])
 def test_writer_paused_between_check_and_put_past_gc(
@@ -305,12 +319,7 @@ def test_reader_paused_before_its_probe_past_two_compactions_is_not_truncated(
     (a HEAD of generation 2 alone would miss it); with the state rebuilt meanwhile, the
     rebuild read manifest 3 and its ``cseq`` covers seg 4 too."""
 
-    class Died(Exception):
-        pass
-
-    def die(point: str, ctx: dict[str, Any]) -> None:
-        if point == "append.after_put":
-            raise Died()
+    die = dies_at("append.after_put")
 
     w = make_store()
     w.create_session("p")
@@ -353,12 +362,7 @@ def test_read_after_paused_before_its_probe_past_compactions_is_not_truncated(
     slot (or, with Redis's state lost, a LIST of the manifests), asked after it, covers seg 4,
     and the read falls back to a whole read."""
 
-    class Died(Exception):
-        pass
-
-    def die(point: str, ctx: dict[str, Any]) -> None:
-        if point == "append.after_put":
-            raise Died()
+    die = dies_at("append.after_put")
 
     w = make_store()
     w.create_session("ra")
@@ -511,12 +515,7 @@ def test_gc_paused_before_its_fence_deletes_no_base_a_newer_manifest_names(
     generation 1 now succeeds *below* the newest manifest: the base it listed as an orphan is
     named by the newest manifest and must not be deleted."""
 
-    class Died(Exception):
-        pass
-
-    def die(point: str, ctx: dict[str, Any]) -> None:
-        if point == "compact.before_manifest":
-            raise Died()
+    die = dies_at("compact.before_manifest")
 
     w = make_store()
     w.create_session("o")
@@ -693,12 +692,7 @@ def test_a_slot_taken_before_our_only_attempt_is_not_indeterminate(
     written; if it then cannot be read, that is a plain BackendUnavailableError."""
     from store.errors import BackendUnavailableError
 
-    class Died(Exception):
-        pass
-
-    def die(point: str, ctx: dict[str, Any]) -> None:
-        if point == "append.after_put":
-            raise Died()
+    die = dies_at("append.after_put")
 
     def cut(point: str, ctx: dict[str, Any]) -> None:
         if point == "append.slot_taken":
