@@ -48,12 +48,18 @@ def segments(store: SessionStore, sid: str) -> list[list[str]]:
     return [out[k] for k in sorted(out)]
 
 
+# A claim or a queued writer's lease that outlasts any scheduling delay of a loaded machine:
+# with the 2 s default, a claim holder paused while the test sets up could lose its claim to
+# the writer that should queue behind it, and the test would see a different (correct) story.
+HELD = 60_000
+
+
 def hold_claim(make_store: Callable[..., SessionStore], sid: str, batch: list[dict[str, Any]],
                expected: str | None = None) -> tuple[Pause, SessionStore, InThread]:
     """A session with entry "a", and a writer of ``batch`` stopped holding the claim on the
     next segment (before its PUT). Returns the pause, a store to look with, the writer."""
     hold = Pause("append.before_put")
-    holder = make_store(fault_hook=hold)
+    holder = make_store(fault_hook=hold, claim_ms=HELD)
     base = make_store()
     base.create_session(sid)
     base.append_session_entries(sid, [entry("a", None)])
@@ -78,7 +84,7 @@ def test_writers_queued_behind_a_claim_ride_in_one_segment(
     claim and writes all three batches, in the order they queued, as one segment: each is
     acknowledged with that segment, and nothing is left in the queue or on offer."""
     hold, base, h = hold_claim(make_store, "g", [entry("h", "a")])
-    stores = [make_store() for _ in range(3)]
+    stores = [make_store(claim_ms=HELD) for _ in range(3)]
     waiters = queue_behind(
         hold, lambda i: InThread(lambda: stores[i].append_session_entries(
             "g", [entry(f"w{i}", "a"), entry(f"w{i}x", f"w{i}")])), 3, base, "g")
@@ -233,7 +239,7 @@ def test_a_rider_whose_batch_clashes_with_the_leaders_is_sent_back_and_refused(
     back and writes its own batch alone; the rider's CHECK then refuses it (IdCollisionError)
     and nothing of it is visible."""
     hold, base, h = hold_claim(make_store, "c", [entry("h", "a")])
-    first, second = make_store(), make_store()
+    first, second = make_store(claim_ms=HELD), make_store(claim_ms=HELD)
     waiters = queue_behind(hold, lambda i: InThread(lambda: (first, second)[i].append_session_entries(
         "c", [entry("x", "a", text=f"version {i}")]).seq), 2, base, "c")
     hold.release()
@@ -256,7 +262,7 @@ def test_a_rider_whose_batch_was_stored_meanwhile_is_not_written_twice(
     answers with the segment the batch was committed as."""
     batch = [entry("x", "a"), entry("y", "x")]
     hold, base, h = hold_claim(make_store, "d", batch)
-    leader, resend = make_store(), make_store()
+    leader, resend = make_store(claim_ms=HELD), make_store(claim_ms=HELD)
     waiters = queue_behind(hold, lambda i: InThread(
         lambda: (leader.append_session_entries("d", [entry("L", "a")]) if i == 0
                  else resend.append_session_entries("d", batch)).seq), 2, base, "d")
@@ -272,10 +278,10 @@ def test_writers_with_an_expected_tail_never_ride(make_store: Callable[..., Sess
     offering its batch, and writes its own segment when its turn comes."""
     hold, base, h = hold_claim(make_store, "e", [entry("h", "a")], "a")
     hold.wait_paused()
-    w = make_store()
+    w = make_store(claim_ms=HELD)
     plain = InThread(lambda: w.append_session_entries("e", [entry("p", "a")]).seq)
     wait_for(lambda: len(offers(base, "e")) == 1, "the plain writer on offer")
-    expecting = make_store()
+    expecting = make_store(claim_ms=HELD)
     # Its CHECK passes now (the tail is "a"); after the holder's commit it is refused.
     e = InThread(lambda: expecting.append_session_entries("e", [entry("x", "a")], "a").seq)
     wait_for(lambda: len(queued(base, "e")) == 2, "the expecting writer queued")
@@ -294,12 +300,12 @@ def test_a_batch_appended_alone_starts_its_segment(make_store: Callable[..., Ses
     takes the riders behind it, after its own batch, so (seq, appended_count) is the
     position right after its batch."""
     hold = Pause("append.before_put")
-    holder = make_store(fault_hook=hold)
+    holder = make_store(fault_hook=hold, claim_ms=HELD)
     base = make_store()
     base.create_session("s")
     h = InThread(lambda: holder.append_session_entries("s", [entry("h", None)]).seq)
     hold.wait_paused()
-    lone, other = make_store(), make_store()
+    lone, other = make_store(claim_ms=HELD), make_store(claim_ms=HELD)
     first = InThread(lambda: lone.append_session_entries(
         "s", [entry("s1", None), entry("s2", "s1")], alone=True))
     wait_for(lambda: len(queued(base, "s")) == 1, "the lone writer queued")
