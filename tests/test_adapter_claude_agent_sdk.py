@@ -447,6 +447,7 @@ def _resume(objects_url: str, redis_url: str, prefix: str, cwd: str, conn: Any) 
     conn.close()
 
 
+@pytest.mark.long
 def test_four_writer_processes_resend_and_a_resume_elsewhere(
     s3_url: str, redis_url: str, redis_prefix: str, tmp_path: Path
 ) -> None:

@@ -566,6 +566,7 @@ def _write_large_file(path: Path, target_bytes: int, *, v1: bool) -> None:
             written += len(line)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("version", "megabytes"), [("v3", 30), ("v1", 20)])
 def test_large_import_memory_is_bounded_by_a_batch_not_the_file(
     version: str, megabytes: int, tmp_path: Path, redis_url: str, redis_prefix: str

@@ -130,6 +130,7 @@ def test_the_compactor_is_the_registered_maintainer() -> None:
     assert find_maintainer() is maintain
 
 
+@pytest.mark.long
 def test_a_script_that_appends_2000_times_leaves_its_session_compacted(directory: Path) -> None:
     """The issue's case: 2,000 appends to one local session by a script that opens the store
     as the quickstart does and exits. It leaves a manifest and bases, and a resume reads a
