@@ -22,7 +22,7 @@ from store.entries import EntryIds
 from store.errors import BackendError, CorruptObjectError, ObjectNotFoundError
 from store.manifest import Manifest
 from store.migrations import CURRENT_SCHEMA
-from store.segments import decode_base_object, decode_object, read_segment
+from store.segments import decode_base_object, decode_object, decode_segment_object
 
 Entries = list[dict[str, Any]]
 #: A segment as fetched: its entries and its size in bytes; None for a 404.
@@ -55,7 +55,11 @@ class ObjectReads:
         ctx = self.ctx
         ctx.fault("read.segment", session_id=sid, seq=seq)
         key = ctx.layout.segment(sid, inc, seq)
-        return read_segment(ctx.objects, ctx.options.retry, key, schema, ctx.keys.open, ids)
+        try:
+            obj = ctx.options.retry.call(lambda: ctx.objects.get(key))
+        except ObjectNotFoundError:
+            return None
+        return decode_segment_object(obj, schema, ctx.keys.open, ids), len(obj.data)
 
     def segments_from(
         self, sid: str, inc: str, schema: int, seq: int, first: Fetched = None,

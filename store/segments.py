@@ -1,5 +1,6 @@
 """The segment and base formats: object metadata, decoding with the schema upgrade, and the
-one reader that the store, the compactor, GC, ``verify`` and ``follow`` all use.
+one decoder that the store, the compactor, GC, ``verify`` and ``follow`` all use (the read of
+one segment is ``ObjectReads.segment``).
 
 A segment ``seg/<seq>`` is one committed append batch: JSONL, one canonical JSON object a
 line, written once with If-None-Match. A base is the same encoding, written by the compactor
@@ -27,14 +28,11 @@ AES-GCM, is parsed as a writer encoded it; without keys it is ``KeyUnavailableEr
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from store.crypto import is_sealed, no_keys_open
 from store.entries import EntryIds, decode_authenticated, decode_segment
-from store.errors import ObjectNotFoundError
 from store.migrations import CURRENT_SCHEMA, upgrade
-from store.objects import ObjectStore, StoredObject
-from store.retry import RetryPolicy
 
 NONCE = "nonce"
 SHA256 = "sha256"
@@ -46,12 +44,26 @@ Entries = list[dict[str, Any]]
 Opener = Callable[[str, bytes], bytes]
 
 
+class Stored(Protocol):
+    """What the decoders read of an object as a backend returns it (``StoredObject``): the
+    formats know no backend."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def metadata(self) -> Mapping[str, str]: ...
+
+
 def segment_metadata(nonce: str, checksum: str, count: int) -> dict[str, str]:
     """The metadata a writer PUTs with a segment it encoded at the current schema."""
     return {NONCE: nonce, SHA256: checksum, SCHEMA: str(CURRENT_SCHEMA), COUNT: str(count)}
 
 
-def is_ours(obj: StoredObject, nonce: str) -> bool:
+def is_ours(obj: Stored, nonce: str) -> bool:
     """True if ``obj`` was created by the attempt that used ``nonce``."""
     return obj.metadata.get(NONCE) == nonce
 
@@ -74,7 +86,7 @@ def decode_object(
 
 
 def decode_segment_object(
-    obj: StoredObject, default_schema: int = CURRENT_SCHEMA, opener: Opener | None = None,
+    obj: Stored, default_schema: int = CURRENT_SCHEMA, opener: Opener | None = None,
     ids: EntryIds | None = None,
 ) -> Entries:
     """A segment object's entries (``default_schema``: the header's, for segments whose
@@ -84,24 +96,12 @@ def decode_segment_object(
 
 
 def decode_base_object(
-    obj: StoredObject, base: Mapping[str, Any], opener: Opener | None = None, ids: EntryIds | None = None
+    obj: Stored, base: Mapping[str, Any], opener: Opener | None = None, ids: EntryIds | None = None
 ) -> Entries:
     """A base's entries, by what the manifest that names it says (``base``: its entry)."""
     written = int(base.get("schema", CURRENT_SCHEMA))
     checksum = base.get(SHA256) or obj.metadata.get(SHA256)
     return decode_object(obj.key, obj.data, checksum, written, opener, ids)
-
-
-def read_segment(
-    objects: ObjectStore, retry: RetryPolicy, key: str, default_schema: int = CURRENT_SCHEMA,
-    opener: Opener | None = None, ids: EntryIds | None = None,
-) -> tuple[Entries, int] | None:
-    """GET and decode one segment: (entries, size in bytes), or None if it does not exist."""
-    try:
-        obj = retry.call(lambda: objects.get(key))
-    except ObjectNotFoundError:
-        return None
-    return decode_segment_object(obj, default_schema, opener, ids), len(obj.data)
 
 
 def contiguous(numbers: Iterable[int], first: int) -> list[int]:
@@ -126,7 +126,7 @@ __all__ = [
     "decode_base_object",
     "decode_object",
     "decode_segment_object",
+    "Stored",
     "is_ours",
-    "read_segment",
     "segment_metadata",
 ]
