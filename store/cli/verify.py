@@ -195,7 +195,7 @@ def _check_manifests(
     (``_check_latest``). Returns the latest manifest (None: never compacted) and its bases'
     entries."""
     try:
-        latest = store.manifests.latest(sid, inc)
+        latest = store.latest_manifest(sid, inc)
     except CorruptObjectError as exc:
         check.faults.append(str(exc))
         latest = None

@@ -34,6 +34,7 @@ from store.errors import (
     TailMismatchError,
 )
 from store.protocol.forks import ForkRegistry
+from store.protocol.read import Reader
 from store.formats.layout import new_ref_token
 from store.formats.records import Header
 from store.protocol.segment_cache import estimated_size
@@ -76,7 +77,7 @@ class Streams:
     ) -> None:
         self.store = store
         self.ctx = ctx = store.ctx
-        reader = store.reader
+        reader = Reader(ctx)  # the read path holds nothing but the context: built from it
         self.states = StreamStates(ctx, reader, store, cache_size=cache_size, cache_bytes=cache_bytes)
         self.forks = ForkRegistry(ctx.layout, ctx.objects, ctx.options.retry, ctx.headers)
         self.collector = StreamCollector(ctx, store, self.states, self.forks)
