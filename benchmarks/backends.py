@@ -88,7 +88,7 @@ class RawObjects(ABC):
 
 class RawS3(RawObjects):
     def __init__(self, objects_url: str, key_prefix: str) -> None:
-        from store.objects import S3ObjectStore, parse_s3_url
+        from store.backends.objects import S3ObjectStore, parse_s3_url
 
         # The store's own client construction: same timeouts, pool size and checksum settings.
         self._owner = S3ObjectStore(parse_s3_url(objects_url))
@@ -328,7 +328,7 @@ def _add_url_prefix(url: str, extra: str) -> str:
 
 
 def _key_prefix(objects_url: str) -> str:
-    from store.objects import s3_prefix_of
+    from store.backends.objects import s3_prefix_of
 
     return s3_prefix_of(objects_url)
 
@@ -410,8 +410,8 @@ def start_moto_backend(run_id: str) -> Backend:
 
 
 def start_embedded_backend(run_id: str, directory: str | None = None) -> Backend:
-    from store.embedded import EmbeddedRedis, embedded_redis_url
-    from store.objects import FileObjectStore
+    from store.backends.embedded import EmbeddedRedis, embedded_redis_url
+    from store.backends.objects import FileObjectStore
 
     root = Path(directory or tempfile.mkdtemp(prefix=f"ssbench-{run_id}-"))
     objects_url = f"file://{root}"
@@ -420,7 +420,7 @@ def start_embedded_backend(run_id: str, directory: str | None = None) -> Backend
     versions = _versions()
     try:
         harness = _harness()
-        from store.embedded import redis_server_binary
+        from store.backends.embedded import redis_server_binary
 
         versions["redis-server"] = harness.redis_server_version(redis_server_binary())
     except Exception:
@@ -508,7 +508,7 @@ def _delete_redis_prefix(url: str, prefix: str) -> None:
 
 
 def _delete_s3_prefix(objects_url: str) -> None:
-    from store.objects import S3ObjectStore, parse_s3_url
+    from store.backends.objects import S3ObjectStore, parse_s3_url
 
     owner = S3ObjectStore(parse_s3_url(objects_url))
     try:

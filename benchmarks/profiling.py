@@ -193,8 +193,8 @@ def run(ctx: Context, out_dir: Path) -> None:
 
     # --- micro-costs of steps on the hot paths ---------------------------------------------
     ctx.log("profile: micro-costs")
-    from store import entries as entries_mod
-    from store.read import check_unique_ids
+    from store.formats import entries as entries_mod
+    from store.protocol.read import check_unique_ids
     from store.retry import DEFAULT_RETRY
     from store.model.session import Session
 

@@ -149,10 +149,10 @@ def _print(value: Any) -> None:
 
 
 def _store_options(args: argparse.Namespace, config: Config) -> dict[str, object]:
-    # This process is the compactor: no second worker in a thread (store/maintenance.py).
+    # This process is the compactor: no second worker in a thread (store/lifecycle/maintenance.py).
     options: dict[str, object] = {"redis_prefix": config.redis_prefix, "compact": False}
     if args.keys:
-        from store.crypto import key_provider_from_url
+        from store.formats.crypto import key_provider_from_url
 
         options["key_provider"] = key_provider_from_url(args.keys)
     return options

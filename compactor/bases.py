@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from compactor.records import BaseRef
 from store.errors import BackendError, ObjectExistsError
-from store.segments import SHA256
+from store.formats.segments import SHA256
 
 if TYPE_CHECKING:
-    from store.context import StoreContext
+    from store.protocol.context import StoreContext
 
 log = logging.getLogger("sessionstore.compactor")
 

@@ -52,7 +52,7 @@ from compactor.records import BaseRef, CompactionRecord, CompactionResult, GcRes
 from compactor.redaction import RedactionIndex
 from compactor.tiers import Run, plan_cut, run_entries, runs_of
 from store.core import SessionStore
-from store.entries import encode_json
+from store.formats.entries import encode_json
 from store.errors import (
     BackendError,
     BackendUnavailableError,
@@ -60,11 +60,11 @@ from store.errors import (
     ObjectNotFoundError,
 )
 from store.faults import FaultHook
-from store.layout import Layout, check_session_id
-from store.manifest import Manifest, build_manifest, compaction_record
-from store.migrations import CURRENT_SCHEMA
-from store.crypto import is_sealed
-from store.segments import SCHEMA, SHA256, contiguous, decode_object
+from store.formats.layout import Layout, check_session_id
+from store.protocol.manifest import Manifest, build_manifest, compaction_record
+from store.formats.migrations import CURRENT_SCHEMA
+from store.formats.crypto import is_sealed
+from store.formats.segments import SCHEMA, SHA256, contiguous, decode_object
 
 log = logging.getLogger("sessionstore.compactor")
 
@@ -88,7 +88,7 @@ class _Source:
     offset: int
     length: int
     entries: int
-    #: The schema its writer used (store/migrations.py); older ones are lifted on rewrite.
+    #: The schema its writer used (store/formats/migrations.py); older ones are lifted on rewrite.
     schema: int = CURRENT_SCHEMA
 
 
@@ -574,7 +574,7 @@ class Compactor:
 
 
 def migrate_session(store: SessionStore, session_id: str, **compactor_options: Any) -> CompactionResult:
-    """Rewrite a session written at an older schema forward (store/migrations.py).
+    """Rewrite a session written at an older schema forward (store/formats/migrations.py).
 
     Readers already see every session at the current schema: each segment and base is lifted
     through the migration list as it is read. This makes it permanent, without overwriting

@@ -6,7 +6,7 @@ Two ways to erase, and one way to check:
 - :func:`erase_sessions`: whole sessions. The store's delete (``SessionStore.delete_session``):
   the header first, then every Redis key of the session, then every object of its
   incarnation; then what is left of its other incarnations (each fenced first, so that a
-  life of the same id being created meanwhile is never touched: store/incarnations.py). With encryption at rest, the session's data keys are destroyed too
+  life of the same id being created meanwhile is never touched: store/protocol/incarnations.py). With encryption at rest, the session's data keys are destroyed too
   (crypto-shredding), so a copy of an object kept elsewhere (a backup, a noncurrent version)
   is ciphertext nobody can read.
 - :func:`erase_matching`: the entries that mention a subject (a name, an e-mail address, a
@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from compactor.purge import purge_now
-from store import incarnations
+from store.protocol import incarnations
 from store.errors import InvalidInputError, ObjectNotFoundError, SessionNotFoundError, SessionTrashedError
-from store.layout import check_session_id
-from store.read import Reader
+from store.formats.layout import check_session_id
+from store.protocol.read import Reader
 
 if TYPE_CHECKING:
     from compactor.compact import Compactor
-    from store.context import StoreContext
+    from store.protocol.context import StoreContext
     from store.core import SessionStore
 
 log = logging.getLogger("sessionstore.compactor.erasure")
@@ -159,7 +159,7 @@ def erase_matching(
     if session_ids is not None:
         sids = [check_session_id(s) for s in session_ids]
     else:
-        from store.listing import SessionFilter
+        from store.protocol.listing import SessionFilter
 
         # Every session, those in the trash included: they are in storage until purged.
         sids = [i.session_id for i in store.iter_sessions(page_size=1000, filters=SessionFilter(trashed=None))]
@@ -288,7 +288,7 @@ def _remove_other_lives(ctx: StoreContext, sid: str, objects: list[str], current
     """Leftovers of the session's other incarnations (an earlier life whose delete was
     interrupted, a create that was withdrawn). One without a header may be a life being
     created right now: each is fenced first, and one whose header appeared meanwhile is left
-    alone (store/incarnations.py)."""
+    alone (store/protocol/incarnations.py)."""
     by_inc: dict[str, list[str]] = {}
     for key in objects:
         parsed = ctx.layout.parse(key)

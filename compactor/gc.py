@@ -19,7 +19,7 @@ manifest                  its key) at most the newest manifest's: an orphan whos
                           next generation gets that generation taken by a fence manifest
                           first (see ``_orphans``): a worker that paused may still create it
 another incarnation's     the current header's ``created_at_ms`` + grace
-object                    (leftovers of a deleted session, see store/layout.py)
+object                    (leftovers of a deleted session, see store/formats/layout.py)
 objects of a session      first seen by GC (a mark in Redis) + grace
 without a header
 ========================  ================================================================
@@ -57,15 +57,15 @@ from typing import TYPE_CHECKING
 from compactor.config import Clock, CompactorOptions, wall_clock_ms
 from compactor.records import GcResult
 from compactor.schedule import schedule_gc
-from store import incarnations
+from store.protocol import incarnations
 from store.errors import BackendError, IndeterminateError, SessionNotFoundError, SessionStoreError
 from store.faults import FaultHook
-from store.listing import all_session_ids
-from store.manifest import Manifest, fence_manifest
+from store.protocol.listing import all_session_ids
+from store.protocol.manifest import Manifest, fence_manifest
 
 if TYPE_CHECKING:
-    from store.context import StoreContext
-    from store.records import Header
+    from store.protocol.context import StoreContext
+    from store.formats.records import Header
 
 log = logging.getLogger("sessionstore.compactor.gc")
 
@@ -147,7 +147,7 @@ class GarbageCollector:
         if stale:
             # An incarnation without a header may still be getting one (an encrypted create
             # writes its data key first, then pauses): fenced, the header read again, and
-            # one it now names left to its creator (store/incarnations.py).
+            # one it now names left to its creator (store/protocol/incarnations.py).
             self.fault("gc.before_fence", session_id=sid, incarnations=stale)
             stale = incarnations.fence(ctx, sid, stale)
             fence_keys = {ctx.layout.withdrawn(sid, inc) for inc in stale}

@@ -1,4 +1,4 @@
-"""The maintainer a store runs in a thread of its own (``store/maintenance.py``): the
+"""The maintainer a store runs in a thread of its own (``store/lifecycle/maintenance.py``): the
 compactor's worker loop (``compactor/worker.py``), unchanged in what it does.
 
 It takes jobs from the same queue, through the same consumer group, with the same claims as

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING
 
 from compactor.records import CompactionResult
 from store.errors import ContentionError
-from store.layout import check_session_id
-from store.manifest import Manifest
+from store.formats.layout import check_session_id
+from store.protocol.manifest import Manifest
 
 if TYPE_CHECKING:
     from compactor.compact import Compactor

@@ -1,5 +1,5 @@
 """What a compaction or GC pass returns, and a compaction as ``compaction history`` shows it.
-The manifest format itself (every field) is defined in ``store/manifest.py``."""
+The manifest format itself (every field) is defined in ``store/protocol/manifest.py``."""
 
 from __future__ import annotations
 

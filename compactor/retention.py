@@ -1,6 +1,6 @@
 """The retention runner: TTLs and store-wide policies, run by the compactor worker.
 
-What to do with a session is decided by ``store.retention`` from the session's own log and
+What to do with a session is decided by ``store.lifecycle.retention`` from the session's own log and
 records (``RetentionStore.view`` and ``decide``), and done with compare-and-set appends of
 markers (``trash``, ``purge``): a wrong, early, duplicated or lost *schedule* entry can never
 make anything be trashed or purged early. This module only decides *when* to look:
@@ -40,8 +40,8 @@ from store.errors import (
     SessionStoreError,
 )
 from store.faults import FaultHook
-from store.listing import SessionFilter
-from store.retention import Decision, Retention, RetentionPolicy
+from store.protocol.listing import SessionFilter
+from store.lifecycle.retention import Decision, Retention, RetentionPolicy
 
 if TYPE_CHECKING:
     from store.core import SessionStore

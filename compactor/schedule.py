@@ -36,12 +36,12 @@ from compactor.config import CompactorOptions
 from compactor.records import GcResult
 from coordination.keys import GC_BUCKETS
 from store.errors import BackendError, SessionStoreError
-from store.listing import session_page
+from store.protocol.listing import session_page
 
 if TYPE_CHECKING:
     from compactor.config import WorkerOptions
     from coordination.redis import Coordinator
-    from store.context import StoreContext
+    from store.protocol.context import StoreContext
 
 log = logging.getLogger("sessionstore.compactor.schedule")
 
@@ -141,7 +141,7 @@ class GcScheduler:
         next_at = time.monotonic()
         while True:
             # In the layout's order: shard after shard in the spread layout (one LIST a page
-            # all the same, ``store.listing.session_page``); the cursor is a session id.
+            # all the same, ``store.protocol.listing.session_page``); the cursor is a session id.
             page, more = retry.call(lambda: session_page(objects, layout, cursor or None, _SWEEP_PAGE))
             for sid in page:
                 if stop is not None and stop.is_set():

@@ -11,7 +11,7 @@ rewrites the rest, together with the new segments, into one new run at the end:
   bytes has at most ``log_F(B / smallest run) + 1`` runs, and each byte is rewritten about
   ``log_F`` of the growth since it was appended (F = 2: ~4x at 10k entries compacted every
   64 segments, against ~80x when every compaction rewrote everything).
-- A run written at an older schema (``store/migrations.py``) is rewritten, so that
+- A run written at an older schema (``store/formats/migrations.py``) is rewritten, so that
   ``migrate_session`` still lifts the whole session in one compaction.
 - A manifest without ``redactions`` (written before runs were kept) says nothing about the
   redactions its bases hold: everything is rewritten once, and the next manifest records them.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from store.migrations import CURRENT_SCHEMA
+from store.formats.migrations import CURRENT_SCHEMA
 
 __all__ = ["Run", "runs_of", "plan_cut"]
 

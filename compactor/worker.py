@@ -39,7 +39,7 @@ from compactor.retention import RetentionOptions, RetentionRunner
 from compactor.schedule import GcScheduler
 from coordination.jobs import Job, JobQueue
 from store.errors import BackendError, SessionNotFoundError, SessionStoreError
-from store.retention import RetentionPolicy
+from store.lifecycle.retention import RetentionPolicy
 
 log = logging.getLogger("sessionstore.compactor.worker")
 

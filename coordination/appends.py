@@ -1,4 +1,4 @@
-"""The append protocol's Redis calls (``store/append.py``, ``store/tail.py``): CHECK and
+"""The append protocol's Redis calls (``store/protocol/append.py``, ``store/protocol/tail.py``): CHECK and
 COMMIT with their waits for a turn, the release of a claim, the tail and its rebuild
 (INSTALL), and what compaction and GC tell Redis of retired segments. Each is one script of
 ``coordination/scripts.py`` on the session's own slot.
@@ -59,7 +59,7 @@ class AppendCalls(RedisClient):
         """CHECK (scripts.CHECK). ``wait_s``: the writer ``nonce`` waits in the session's
         queue; first wait up to that long for the claim to be handed to it, then CHECK.
         ``compacted``: what the writer's copy of the compacted ids says of the batch
-        (``store.id_index.Lookup.args``; empty: it has none). REINDEX (``seq`` = Redis's
+        (``store.protocol.id_index.Lookup.args``; empty: it has none). REINDEX (``seq`` = Redis's
         ``iseq``) asks for a copy that reaches further.
 
         Group commit (docs/design.md, "Group commit"): ``offer``, with ``wait_s``, is the
@@ -131,7 +131,7 @@ class AppendCalls(RedisClient):
         is then ALREADY only if the batch committed there is the caller's, and ZOMBIE if the
         caller re-created a slot that compaction had retired (see scripts.COMMIT).
 
-        ``summary``: what the batch changes in the listing's summary (``store/listing.py``),
+        ``summary``: what the batch changes in the listing's summary (``store/protocol/listing.py``),
         moved along in the same script when the summary is in step with the tail.
 
         ``cache``: the segment as the recent-segments cache keeps it (``recent_value``), taken

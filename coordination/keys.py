@@ -6,7 +6,7 @@ in another slot: it is never touched from a per-session script. The GC schedule 
 over ``GC_BUCKETS`` keys, each with its own hash tag (a bucket's two keys share a slot), so
 that it spreads over a cluster's nodes; a session's bucket is a hash of its id. There is no global session
 index: listings page the object store and read each page's ``summary`` hashes in one
-pipeline (``store/listing.py``).
+pipeline (``store/protocol/listing.py``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ State of a session (all keys hash-tagged ``{sid}``):
   *compacted*: they live only in the data, in the manifest's bases, and ``tids`` of them are
   not in ``ids`` (absent ``iseq``: -1, none; ``HLEN(ids) + tids == nids`` when the index is
   whole). COMPACTED and INSTALL set them; writers check their batch against the compacted
-  ids themselves (store/id_index.py) and tell CHECK how far their copy reaches.
+  ids themselves (store/protocol/id_index.py) and tell CHECK how far their copy reaches.
 - ``ids`` hash: entry id -> "<seq>:<content hash>", for entries after ``iseq``.
 - ``summary`` hash: what a listing shows, accounted through segment ``seq`` (see SUMMARY).
 - ``recent`` hash: the segments no manifest covers yet, a cache for readers (see COMMIT).
@@ -421,7 +421,7 @@ if ttl > 0 then
 end
 local queued = 0
 if KEYS[3] then queued = redis.call('EXISTS', KEYS[3]) end
--- >>> summary (store/listing.py): keep the listing's summary in step with the tail.
+-- >>> summary (store/protocol/listing.py): keep the listing's summary in step with the tail.
 -- KEYS[4] (optional) the summary; ARGV[9+2n] "=" (the batch names the session: ARGV[10+2n],
 --   "" for no name), "-" (it does not), "!" (it holds a redaction: drop the summary, the next
 --   listing rebuilds it from what readers see), "" (no change: the caller sent none);
@@ -573,7 +573,7 @@ end
 --   index; ARGV[1] inc, ARGV[2] segments merged, ARGV[3] bytes merged,
 --   ARGV[4] the manifest's through_seq (raises cseq: see RETIRED), ARGV[5] (optional) its
 --   generation (raises mgen: where readers find the newest manifest without a LIST; a hint
---   they verify, see store/read.py)
+--   they verify, see store/protocol/read.py)
 -- With KEYS[3], the ids of segments 1..through_seq (and a fork's inherited path, seq 0) leave
 -- the index: they live in the manifest's bases, where writers look them up (CHECK, REINDEX),
 -- so Redis holds the ids of the uncompacted tail only, whatever the session's length. Only
@@ -645,7 +645,7 @@ return 1
 
 SUMMARY = """
 -- SUMMARY: install a session's summary (what a listing shows) computed from the object store
--- through segment ARGV[2] of incarnation ARGV[1] (store/listing.py).
+-- through segment ARGV[2] of incarnation ARGV[1] (store/protocol/listing.py).
 -- KEYS[1] tail, KEYS[2] summary; ARGV[3..] field/value pairs (besides inc and seq)
 -- Installed only when Redis's tail names the same incarnation at the same segment: segments
 -- are immutable and slots 1..seq of an incarnation are committed for good, so the summary

@@ -1,4 +1,4 @@
-"""The listing's summaries (``store/listing.py``) and a session's last access, in Redis.
+"""The listing's summaries (``store/protocol/listing.py``) and a session's last access, in Redis.
 
 A summary is installed from the object store (``scripts.SUMMARY``), marked by a delete
 (``scripts.DELETING``) and read a page at a time; ``forget`` drops all of a session's state.

@@ -14,9 +14,9 @@ from store.errors import *  # noqa: F401,F403 - the error tree is part of the pu
 if TYPE_CHECKING:
     from store.aio import AsyncSessionHandle, AsyncSessionManager, AsyncSessionStore
     from store.core import SessionData, SessionHandle, SessionStore
-    from store.listing import SessionFilter, SessionPage
+    from store.protocol.listing import SessionFilter, SessionPage
     from store.manager import SessionManager
-    from store.records import (
+    from store.formats.records import (
         EMPTY_TAIL,
         AppendResult,
         ForkPoint,
@@ -36,15 +36,15 @@ _LAZY = {
     "SessionData": "store.core",
     "SessionManager": "store.manager",
     "Session": "store.model.session",
-    "AppendResult": "store.records",
-    "TailInfo": "store.records",
-    "SessionInfo": "store.records",
-    "StoreOptions": "store.records",
-    "Header": "store.records",
-    "ForkPoint": "store.records",
-    "EMPTY_TAIL": "store.records",
-    "SessionPage": "store.listing",
-    "SessionFilter": "store.listing",
+    "AppendResult": "store.formats.records",
+    "TailInfo": "store.formats.records",
+    "SessionInfo": "store.formats.records",
+    "StoreOptions": "store.formats.records",
+    "Header": "store.formats.records",
+    "ForkPoint": "store.formats.records",
+    "EMPTY_TAIL": "store.formats.records",
+    "SessionPage": "store.protocol.listing",
+    "SessionFilter": "store.protocol.listing",
 }
 
 __all__ = sorted(_LAZY)

@@ -1,7 +1,7 @@
 """The store from asyncio: ``AsyncSessionStore``, and async handles and managers.
 
 Every method that touches the object store or Redis runs the synchronous protocol
-(``store/append.py``, ``store/read.py``, ...) on a thread pool of this store's own, so the event
+(``store/protocol/append.py``, ``store/protocol/read.py``, ...) on a thread pool of this store's own, so the event
 loop only ever waits; nothing is re-implemented, and the sync and async APIs cannot drift
 apart. The loop thread does no network I/O (``tests/test_aio.py`` watches every socket call).
 
@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from store.core import SessionChanges, SessionData, SessionStore
 from store.errors import IndeterminateError, InvalidInputError
-from store.handles import SessionHandle
-from store.listing import SessionFilter, SessionPage
-from store.records import AppendResult, ForkPoint, Header, SessionInfo, TailInfo
+from store.protocol.handles import SessionHandle
+from store.protocol.listing import SessionFilter, SessionPage
+from store.formats.records import AppendResult, ForkPoint, Header, SessionInfo, TailInfo
 
 if TYPE_CHECKING:
     from store.manager import SessionManager
-    from store.retention import Retention, TrashItem
+    from store.lifecycle.retention import Retention, TrashItem
     from store.model.session import Session
 
 P = ParamSpec("P")
@@ -289,7 +289,7 @@ class AsyncSessionStore:
         timeout_s: float | None = None,
     ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
         """``async for seq, entry in store.follow(sid)``: ``SessionStore.follow``'s protocol
-        (``store/follow.py``), driven from asyncio.
+        (``store/protocol/follow.py``), driven from asyncio.
 
         Each follower has one thread of its own for its reads and its waits on the
         notification channel, so idle followers never hold up appends, and a follower's steps

@@ -2,11 +2,11 @@
 
 Each protocol has one home, readable top to bottom:
 
-- ``store/append.py``: validate -> CHECK -> PUT -> COMMIT -> enqueue, and when an append may
+- ``store/protocol/append.py``: validate -> CHECK -> PUT -> COMMIT -> enqueue, and when an append may
   be acknowledged;
-- ``store/read.py``: manifest -> bases and segments -> probe -> newer-manifest check; forks;
-- ``store/tail.py``: roll-forward, rebuild of Redis's state, the true tail;
-- ``store/headers.py``, ``store/segments.py``, ``store/manifest.py``, ``store/layout.py``: the
+- ``store/protocol/read.py``: manifest -> bases and segments -> probe -> newer-manifest check; forks;
+- ``store/protocol/tail.py``: roll-forward, rebuild of Redis's state, the true tail;
+- ``store/protocol/headers.py``, ``store/formats/segments.py``, ``store/protocol/manifest.py``, ``store/formats/layout.py``: the
   stored formats (header, segment and base, manifest, key names), each defined once.
 
 This module wires them to one object store and one Redis, and adds what a user calls: create,
@@ -23,26 +23,26 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from coordination.redis import Coordinator, TailState
-from store.append import Appender
-from store.context import StoreContext
-from store.entries import PreparedBatch, prepare_batch
+from store.protocol.append import Appender
+from store.protocol.context import StoreContext
+from store.formats.entries import PreparedBatch, prepare_batch
 from store.errors import BackendUnavailableError, InvalidInputError
-from store.follow import Follower, follow
-from store.handles import SessionHandle
-from store.headers import HeaderStore, new_header, uuid7
-from store.keys import DataKeys
-from store.layout import Layout, check_layout, check_session_id
-from store.layout_record import decide_layout
-from store.lifecycle import create_session, delete_session, fork_session
-from store.listing import NO_FILTER, Lister, SessionFilter, SessionPage, check_cursor, check_limit
-from store.manifest import Manifest, ManifestStore
-from store.maintenance import Maintenance
-from store.markers import check_user_ids, refuse_if_trashed
-from store.objects import ObjectStore, object_store_from_url, s3_prefix_of
-from store.read import Reader, SessionChanges, SessionData
-from store.records import AppendResult, ForkPoint, Header, SessionInfo, StoreOptions, TailInfo
-from store.retention import Retention, RetentionStore, TrashItem
-from store.tail import TailKeeper
+from store.protocol.follow import Follower, follow
+from store.protocol.handles import SessionHandle
+from store.protocol.headers import HeaderStore, new_header, uuid7
+from store.protocol.keys import DataKeys
+from store.formats.layout import Layout, check_layout, check_session_id
+from store.protocol.layout_record import decide_layout
+from store.lifecycle.sessions import create_session, delete_session, fork_session
+from store.protocol.listing import NO_FILTER, Lister, SessionFilter, SessionPage, check_cursor, check_limit
+from store.protocol.manifest import Manifest, ManifestStore
+from store.lifecycle.maintenance import Maintenance
+from store.formats.markers import check_user_ids, refuse_if_trashed
+from store.backends.objects import ObjectStore, object_store_from_url, s3_prefix_of
+from store.protocol.read import Reader, SessionChanges, SessionData
+from store.formats.records import AppendResult, ForkPoint, Header, SessionInfo, StoreOptions, TailInfo
+from store.lifecycle.retention import Retention, RetentionStore, TrashItem
+from store.protocol.tail import TailKeeper
 
 if TYPE_CHECKING:
     from store.manager import SessionManager
@@ -80,7 +80,7 @@ class SessionStore:
         retry = self.options.retry
         forced = self.options.layout
         # Every key of this process goes through this one object; its version is the
-        # store's layout record's (``store/layout_record.py``), read once below, or forced.
+        # store's layout record's (``store/protocol/layout_record.py``), read once below, or forced.
         self.layout = Layout(
             prefix,
             None if forced is None else check_layout(forced),
@@ -106,7 +106,7 @@ class SessionStore:
         self.lister = Lister(self.ctx, self.tail.summarize)
         self.retention = RetentionStore(self.ctx, self.reader, self.appender, self)
         # Started by the first append (a process that only reads never runs it): appends
-        # are what queue compaction jobs (store/maintenance.py).
+        # are what queue compaction jobs (store/lifecycle/maintenance.py).
         self._maintain = bool(_check_compact(self.options))
         self._maintenance: Maintenance | None = None
         self._maintenance_lock = threading.Lock()
@@ -150,7 +150,7 @@ class SessionStore:
         _check_compact(opts)
         objects = object_store_from_url(objects_url)
         if redis_url is None:
-            from store.embedded import embedded_redis_url
+            from store.backends.embedded import embedded_redis_url
 
             redis_url = embedded_redis_url(objects)
             if opts.compact is None:
@@ -202,7 +202,7 @@ class SessionStore:
 
         ``kind``/``config``: what the log holds and its settings (``"pi"``, the default, or
         ``"stream"``: opaque messages, ``store/streams/``). ``retention``: the session's
-        own TTL (``store.retention.Retention``; docs/lifecycle.md), recorded before the
+        own TTL (``store.lifecycle.retention.Retention``; docs/lifecycle.md), recorded before the
         header, so a session that exists always has it."""
         sid = check_session_id(session_id if session_id is not None else uuid7())
         header = new_header(sid, cwd=cwd, pi_header=pi_header, fork=fork, kind=kind, config=config)
@@ -225,7 +225,7 @@ class SessionStore:
         bases it writes with it. Nothing already written changes, and every older version
         stays (objects name the version they were sealed with), so a writer that paused
         holding an older key still writes readable segments. To retire a KEK, rotate the
-        KEK (``store.crypto.rotate_keyring``, or KMS), then the data keys: new ones are
+        KEK (``store.formats.crypto.rotate_keyring``, or KMS), then the data keys: new ones are
         wrapped by the new KEK. ``InvalidInputError`` for a plaintext session."""
         sid = check_session_id(session_id)
         header = self.headers.read(sid)
@@ -261,7 +261,7 @@ class SessionStore:
         incarnation: str | None = None,
         alone: bool = False,
     ) -> AppendResult:
-        """Append one batch atomically, whole and contiguous in one segment (``store/append.py``;
+        """Append one batch atomically, whole and contiguous in one segment (``store/protocol/append.py``;
         without an expected tail, the batches of writers queued on the session may share
         that segment: docs/design.md, "Group commit"). ``alone=True``: the batch never rides
         in another writer's segment, so it starts the segment ``seq`` and
@@ -295,13 +295,13 @@ class SessionStore:
         incarnation: str | None = None,
         alone: bool = False,
     ) -> AppendResult:
-        """Append a batch already validated by ``store.entries.prepare_batch`` (an import
+        """Append a batch already validated by ``store.formats.entries.prepare_batch`` (an import
         prepares pi's entries as pi reads them, ``strict=False``): the same protocol as
         ``append_session_entries``, without validating twice."""
         self._ensure_probed()
         if self._maintain and self._maintenance is None:
             self._start_maintenance()
-        check_user_ids(batch.ids)  # the trash's markers are its own (store/retention.py)
+        check_user_ids(batch.ids)  # the trash's markers are its own (store/lifecycle/retention.py)
         return self.appender.append(
             check_session_id(session_id), batch, expected_tail_entry_id, incarnation=incarnation,
             alone=alone,
@@ -320,7 +320,7 @@ class SessionStore:
         return entries
 
     def read_session(self, session_id: str) -> SessionData:
-        """The session's entries and where each came from (``store/read.py``).
+        """The session's entries and where each came from (``store/protocol/read.py``).
         ``SessionTrashedError`` for a session in the trash (docs/lifecycle.md)."""
         data = self.reader.read_session(check_session_id(session_id))
         refuse_if_trashed(data.header.session_id, data.last_entry_id)
@@ -368,7 +368,7 @@ class SessionStore:
         return follow(self.follower(session_id, after_seq=after_seq), poll_s=poll_s, timeout_s=timeout_s)
 
     def follower(self, session_id: str, *, after_seq: int | None = None) -> Follower:
-        """The state of one follow (``store/follow.py``), for a driver of its own
+        """The state of one follow (``store/protocol/follow.py``), for a driver of its own
         (``follow`` here, ``AsyncSessionStore.follow``)."""
         return Follower(
             self.ctx, self.reader, session_id, after_seq=after_seq,
@@ -376,7 +376,7 @@ class SessionStore:
         )
 
     def hydrate(self, sid: str, header: Header | None = None) -> TailState | None:
-        """Rebuild the session's Redis state from the object store (``store/tail.py``)."""
+        """Rebuild the session's Redis state from the object store (``store/protocol/tail.py``)."""
         return self.tail.hydrate(check_session_id(sid), header)
 
     def latest_manifest(self, session_id: str, incarnation: str) -> Manifest | None:
@@ -396,7 +396,7 @@ class SessionStore:
         the first page). ``limit``: 1..1000 sessions
         listed (default 100). Each row is what a session picker shows (``SessionInfo``),
         read from Redis's per-session summaries, without reading any session's entries:
-        one LIST and one Redis round trip a page (``store/listing.py``).
+        one LIST and one Redis round trip a page (``store/protocol/listing.py``).
 
         ``filters`` (or its fields as keywords: ``cwd``, ``cwd_prefix``, ``kind``,
         ``updated_since_ms``, ``name_contains``) are applied to each page, so a page may hold
@@ -428,7 +428,7 @@ class SessionStore:
 
     def delete_session(self, session_id: str, *, incarnation: str | None = None) -> None:
         """Remove the session: its header, its Redis keys and every object of its incarnation
-        (``store/lifecycle.py``). The header goes first; only this incarnation's objects are
+        (``store/lifecycle/sessions.py``). The header goes first; only this incarnation's objects are
         deleted, so a delete that pauses never removes anything of a new life created
         meanwhile. ``incarnation``: delete only that life of the session
         (``SessionNotFoundError`` if the header names another)."""
@@ -467,7 +467,7 @@ class SessionStore:
             self.ctx, self.retention, self, session_id, from_entry_id, new_session_id, config=config
         )
 
-    # --- retention and the trash (store/retention.py, docs/lifecycle.md) -----------------------
+    # --- retention and the trash (store/lifecycle/retention.py, docs/lifecycle.md) -----------------------
 
     def set_retention(self, session_id: str, retention: Retention) -> Retention:
         """Set the session's own TTL (``Retention.sliding``, ``.absolute``, ``.keep``); it

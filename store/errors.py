@@ -1,7 +1,7 @@
 """Every error the store raises, under one base class.
 
 Foreign exceptions (botocore, redis-py, OSError) are translated into these at exactly one
-boundary each (``store/objects.py`` for object stores, ``coordination/redis.py`` for Redis),
+boundary each (``store/backends/objects.py`` for object stores, ``coordination/redis.py`` for Redis),
 with ``raise ... from exc`` so that the cause stays visible.
 
 ::
@@ -27,7 +27,7 @@ with ``raise ... from exc`` so that the cause stays visible.
     ├── CorruptObjectError                  an object in the bucket is not what the store wrote
     │   └── DecryptionError                 (also EncryptionError) tampered ciphertext, or the
     │                                       wrong data key: never returned as garbage
-    ├── EncryptionError                     encryption at rest (store/crypto.py, store/keys.py)
+    ├── EncryptionError                     encryption at rest (store/formats/crypto.py, store/protocol/keys.py)
     │   └── KeyUnavailableError             no key provider, a data key shredded or never made,
     │                                       a KEK the provider does not hold or cannot use
     ├── IndeterminateError                  outcome unknown; re-sending the same batch is safe
@@ -87,7 +87,7 @@ class InvalidSessionIdError(InvalidInputError):
 
 
 class InvalidKeyError(InvalidInputError):
-    """An object key outside the keys' syntax (``store.object_store.check_key``): empty,
+    """An object key outside the keys' syntax (``store.backends.object_store.check_key``): empty,
     absolute, with an empty, ``.``-led or ``..`` component, a NUL, a newline, a backslash or
     any character outside ``[A-Za-z0-9._=-]``. Keys are made by the store, so this is a bug
     in the caller, refused before anything is read or written."""
@@ -301,7 +301,7 @@ class BackendRefusedError(BackendError):
 
 class UnsupportedFormatError(BackendRefusedError):
     """A local store's directory records a format this version does not read (``.format``:
-    ``store/file_objects.py``). Nothing in it was read or changed."""
+    ``store/backends/files.py``). Nothing in it was read or changed."""
 
     def __init__(self, path: str, held: str) -> None:
         self.path = path

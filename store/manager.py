@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from store.clock import iso_now
 from store.errors import ConflictError, ContentionError, EntryNotFoundError, InvalidInputError
-from store.layout import check_session_id
+from store.formats.layout import check_session_id
 from store.model.js import js_trim
 from store.model.rules import REDACTION_TYPE
 from store.model.session import Session, TreeNode
-from store.records import EMPTY_TAIL, AppendResult
+from store.formats.records import EMPTY_TAIL, AppendResult
 
 if TYPE_CHECKING:
-    from store.api import Sessions
-    from store.handles import SessionAppends
+    from store.protocol.api import Sessions
+    from store.protocol.handles import SessionAppends
 
 
 def new_entry_id(taken: Any = ()) -> str:

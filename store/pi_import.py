@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import orjson
 
-from store.entries import encode_json
+from store.formats.entries import encode_json
 
 from store.errors import (
     BatchTooLargeError,
@@ -48,11 +48,11 @@ from store.errors import (
     SessionExistsError,
     SessionStoreError,
 )
-from store.layout import SESSION_ID_RE, check_session_id
+from store.formats.layout import SESSION_ID_RE, check_session_id
 
 if TYPE_CHECKING:
-    from store.api import Sessions
-    from store.handles import SessionHandle
+    from store.protocol.api import Sessions
+    from store.protocol.handles import SessionHandle
     from store.pi.scan import PiScan
 
 OnConflict = Literal["refuse", "new-id"]
@@ -149,7 +149,7 @@ def _suffixed(sid: str, n: int) -> str:
 def _import_into(
     store: Sessions, scan: "PiScan", header: dict[str, Any], sid: str
 ) -> ImportResult:
-    from store.handles import SessionHandle
+    from store.protocol.handles import SessionHandle
 
     pi_header = dict(header)
     status = "extended"
@@ -195,7 +195,7 @@ def _stored_view(store: Sessions, sid: str) -> _Stored:
     twice). A fork's export also writes the path it inherits, so a fork is read whole, and
     its entries are taken as the export gives them (tombstones included).
     """
-    from store.entries import entry_hash
+    from store.formats.entries import entry_hash
     from store.model.rules import REDACTION_TYPE, is_tombstone
     from store.model.session import Session
 
@@ -224,9 +224,9 @@ def _stored_view(store: Sessions, sid: str) -> _Stored:
 def _append_rest(store: Sessions, scan: "PiScan", sid: str, *, fresh: bool) -> int:
     """Compare the stored entries with the file's first ones, then append the rest of the
     file, each batch strict on the tail the previous one left. Returns how many were sent."""
-    from store.entries import prepare_batch
+    from store.formats.entries import prepare_batch
     from store.pi.scan import iter_pi_entries
-    from store.records import EMPTY_TAIL
+    from store.formats.records import EMPTY_TAIL
 
     stored = _Stored([], frozenset(), "") if fresh else _stored_view(store, sid)
     options = store.options
@@ -273,7 +273,7 @@ def _same_or_refuse(
     the redaction, the store's own tombstone (``is_tombstone``), or the one an export writes
     (type ``redacted``, the original type in ``redacted.type``).
     """
-    from store.entries import entry_hash
+    from store.formats.entries import entry_hash
     from store.model.rules import is_tombstone
 
     stored_id, stored_hash, (stored_type, parent, timestamp) = stored.entries[position]
@@ -324,7 +324,7 @@ def _header_difference(stored: dict[str, Any], new: dict[str, Any]) -> str:
 
 def storable_check(store: Sessions) -> Any:
     """Pass 1's extra check: what a batch would refuse, found before anything is written."""
-    from store.entries import MAX_ID_LENGTH
+    from store.formats.entries import MAX_ID_LENGTH
 
     max_bytes = store.options.max_batch_bytes
 

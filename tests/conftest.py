@@ -364,9 +364,9 @@ def _record_probe_verdict(server: S3Server | SeaweedServer, location: S3Location
     a test's setup). Tests marked ``empty_prefix`` get an empty prefix: the object store's
     contract, and the probe itself (``test_store.py::test_the_conditional_write_probe_runs_once_per_store_and_backend``,
     on both servers)."""
-    from store.layout import Layout
-    from store.object_store import verdict_key
-    from store.s3_objects import parse_s3_url, s3_identity
+    from store.formats.layout import Layout
+    from store.backends.object_store import verdict_key
+    from store.backends.s3 import parse_s3_url, s3_identity
 
     identity = s3_identity(parse_s3_url(location.url))
     key = verdict_key(Layout(location.key_prefix).probe_prefix, identity)
@@ -610,7 +610,7 @@ from store_fixtures import make_store, serve, store  # noqa: E402,F401
 @pytest.fixture(scope="session", autouse=True)
 def _no_embedded_server_outlives_the_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """An embedded redis-server keeps running after the command that started it, by design
-    (store/embedded.py): the tests that open stores in their temporary directories would leave
+    (store/backends/embedded.py): the tests that open stores in their temporary directories would leave
     theirs behind. At the end of the session (of each worker), every redis-server whose working
     directory lies under this session's temporary directory is stopped."""
     yield

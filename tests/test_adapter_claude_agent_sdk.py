@@ -60,7 +60,7 @@ from store.adapters.claude_agent_sdk import (
     import_claude_projects,
 )
 from store.aio import AsyncSessionStore
-from store.embedded import EmbeddedRedis
+from store.backends.embedded import EmbeddedRedis
 from harness.pausing import InThread, Pause
 from harness.s3_server import ServerRequests
 from test_group_commit import offers

@@ -387,9 +387,9 @@ def test_every_public_method_of_the_store_has_an_awaitable_twin() -> None:
 def test_lifecycle_and_keys_from_asyncio(
     s3_url: str, redis_url: str, redis_prefix: str, tmp_path: Any, socket_watch: SocketWatch
 ) -> None:
-    from store.crypto import LocalKeyFile, create_keyring
+    from store.formats.crypto import LocalKeyFile, create_keyring
     from store.errors import KeyUnavailableError, NotInTrashError
-    from store.retention import Retention
+    from store.lifecycle.retention import Retention
 
     keyring = tmp_path / "keyring.json"
     create_keyring(keyring)

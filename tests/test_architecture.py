@@ -1,5 +1,23 @@
 """The shape of the code, enforced: imports point one way and never circle.
 
+- The store is built in layers, each a package whose name says what it holds (``LAYERS``;
+  docs/design.md, "Layers"). Bottom to top:
+
+  - ``formats`` (``store/formats/``, with the pure session model ``store/model/`` and pi's file
+    format ``store/pi/``): bytes and names, no I/O;
+  - ``backends`` (``store/backends/``, and Redis's ``coordination/``): object stores and Redis;
+    formats and backends sit side by side at the bottom and know nothing of each other;
+  - ``protocol`` (``store/protocol/``): the store's protocols on objects and Redis;
+  - ``lifecycle`` (``store/lifecycle/``): a session's create, fork and delete, retention and
+    the trash, the maintenance thread;
+  - ``facade``: ``store/__init__.py`` and the modules directly in ``store/`` (``SessionStore``,
+    the asyncio facade, pi's ``SessionManager`` and import);
+  - ``shells``: the programs and services built on the facade (``store/cli``, ``store/http``,
+    ``store/adapters``, ``store/streams``, ``store/demo``, ``compactor/``).
+
+  A module imports from its own layer and the layers below it, never above; the error tree,
+  the clock, the fault hooks and the retry policy (``SHARED``) are imported from anywhere and
+  import only each other. Every module is in a layer.
 - Nothing under ``store/`` imports ``compactor/`` (``store/cli`` and ``store/demo``, the
   programs built on both, may).
 - Nothing of the store's core imports ``store/adapters/`` (the framework adapters are built on
@@ -59,8 +77,8 @@ def _imported_names(name: str, path: Path) -> Iterator[str]:
             else:
                 module = node.module or ""
             names = [f"{module}.{alias.name}" for alias in node.names]
-            # ``from store import creates`` imports the module ``store.creates``; ``from
-            # store.core import SessionStore`` imports ``store.core``.
+            # ``from store.backends import creates`` imports the module ``store.backends.creates``;
+            # ``from store.core import SessionStore`` imports ``store.core``.
             if not all(n in MODULES for n in names):
                 yield module
             yield from names
@@ -130,19 +148,110 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_checker_sees_the_modules_and_their_imports() -> None:
-    assert {"store.core", "store.append", "store.read", "coordination.redis", "compactor.gc"} <= set(MODULES)
-    assert "store.append" in GRAPH["store.core"]
+    assert {"store.core", "store.protocol.append", "store.protocol.read", "coordination.redis", "compactor.gc"} <= set(MODULES)
+    assert "store.protocol.append" in GRAPH["store.core"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_the_checker_counts_type_checking_imports_and_imports_of_submodules(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text(
-        "from typing import TYPE_CHECKING\nfrom store import creates\n"
+        "from typing import TYPE_CHECKING\nfrom store.backends import creates\n"
         "if TYPE_CHECKING:\n    from store.core import SessionStore\n"
     )
     found = {_resolve(i) for i in _imported_names("store.sample", sample)}
-    assert found == {None, "store.creates", "store.core"}
+    assert found == {None, "store.backends.creates", "store.core"}
+
+
+#: The layers, bottom to top, and the packages each holds (docs/design.md, "Layers"). A module
+#: imports from its own layer, the layers below it and ``SHARED``, nothing above.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "formats": ("store.formats", "store.model", "store.pi"),
+    "backends": ("store.backends", "coordination"),
+    "protocol": ("store.protocol",),
+    "lifecycle": ("store.lifecycle",),
+    "facade": ("store",),
+    "shells": ("store.cli", "store.http", "store.adapters", "store.streams", "store.demo", "compactor"),
+}
+#: What a layer may import besides itself and ``SHARED``: formats and backends, side by side at
+#: the bottom, know nothing of each other; each layer above knows everything below it.
+BELOW: dict[str, set[str]] = {
+    "formats": set(),
+    "backends": set(),
+    "protocol": {"formats", "backends"},
+    "lifecycle": {"formats", "backends", "protocol"},
+    "facade": {"formats", "backends", "protocol", "lifecycle"},
+    "shells": {"formats", "backends", "protocol", "lifecycle", "facade"},
+}
+#: Imported from anywhere, importing only each other: the error tree, the clock, the fault
+#: hooks, the retry policy (``coordination`` applies it too, so it is no backend's).
+SHARED = {"store.errors", "store.clock", "store.faults", "store.retry"}
+
+
+def _layer_of(module: str) -> str | None:
+    """The layer of a module: the one whose package holds it (the facade holds ``store`` and
+    the modules directly in ``store/``, no subpackage); None for a shared module or a module of
+    a package no layer names."""
+    if module in SHARED:
+        return None
+    for layer, packages in LAYERS.items():
+        if any(module == p or module.startswith(p + ".") for p in packages if p != "store"):
+            return layer
+    parts = module.split(".")
+    if parts == ["store"] or (len(parts) == 2 and parts[0] == "store"):
+        path = MODULES.get(module)
+        if path is None or path.parent == ROOT / "store":
+            return "facade"
+    return None
+
+
+def _layer_violations(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """``module: [imports of a layer above it, or a shared module importing a layer]``."""
+    out: dict[str, list[str]] = {}
+    for name, deps in graph.items():
+        layer = _layer_of(name)
+        allowed = set() if layer is None else {layer} | BELOW[layer]
+        wrong = sorted(d for d in deps if d not in SHARED and _layer_of(d) not in allowed)
+        if wrong:
+            out[name] = wrong
+    return out
+
+
+def test_the_checker_sees_layers_and_imports_upwards() -> None:
+    assert _layer_of("store.formats.entries") == "formats" and _layer_of("store.model.js") == "formats"
+    assert _layer_of("coordination.redis") == "backends" and _layer_of("store.protocol") == "protocol"
+    assert _layer_of("store.core") == "facade" and _layer_of("store") == "facade"
+    assert _layer_of("store.streams.service") == "shells" and _layer_of("compactor.gc") == "shells"
+    assert _layer_of("store.errors") is None and _layer_of("store.newpackage.x") is None
+    graph = {
+        "store.formats.a": {"store.formats.b", "store.model.js", "store.errors"},
+        "store.formats.b": {"store.backends.objects"},
+        "store.backends.objects": {"store.retry", "store.protocol.read"},
+        "store.protocol.read": {"store.formats.a", "store.backends.objects", "coordination.redis"},
+        "store.lifecycle.sessions": {"store.protocol.read", "store.core"},
+        "store.core": {"store.lifecycle.sessions", "store.cli"},
+        "store.cli": {"store.core", "compactor.gc", "store.formats.a"},
+        "store.errors": {"store.clock", "store.protocol.read"},
+    }
+    assert _layer_violations(graph) == {
+        "store.formats.b": ["store.backends.objects"],
+        "store.backends.objects": ["store.protocol.read"],
+        "store.lifecycle.sessions": ["store.core"],
+        "store.core": ["store.cli"],
+        "store.errors": ["store.protocol.read"],
+    }
+
+
+def test_every_module_has_a_layer() -> None:
+    """A new package is placed in a layer (``LAYERS``) before its imports can be checked."""
+    assert {name: _layer_of(name) for name in MODULES if _layer_of(name) is None} == {
+        name: None for name in SHARED
+    }
+    assert all(LAYERS[layer] for layer in LAYERS) and set(BELOW) == set(LAYERS)
+
+
+def test_imports_point_down_the_layers() -> None:
+    assert _layer_violations(GRAPH) == {}
 
 
 def test_the_store_never_imports_the_compactor() -> None:

@@ -15,8 +15,8 @@ from test_pauses import GRACE_MS, compactor_for, entry
 from coordination.redis import Coordinator
 from store import SessionStore
 from store.errors import ConflictError
-from store.objects import FileObjectStore
-from store.records import StoreOptions
+from store.backends.objects import FileObjectStore
+from store.formats.records import StoreOptions
 
 
 def test_a_flushed_script_cache_loads_the_scripts_again(redis_url: str, redis_prefix: str) -> None:

@@ -30,9 +30,9 @@ from pi_samples import pi_fixtures
 from store import SessionStore
 from store.cli import main
 from store.cli.common import Exit
-from store.embedded import EmbeddedRedis
-from store.file_objects import FileObjectStore
-from store.layout import LAYOUT_SPREAD, Layout
+from store.backends.embedded import EmbeddedRedis
+from store.backends.files import FileObjectStore
+from store.formats.layout import LAYOUT_SPREAD, Layout
 from store.model.js_json import dumps_js
 from store.pi.scan import read_pi_file
 
@@ -749,7 +749,7 @@ def test_embedded_default_shared_by_several_processes(
     try:
         res = run_cli("create", "shared", "--name", "embedded", cwd=home)
         assert res.code == 0, res.err
-        # A new store: the spread layout (store/layout.py spells the key).
+        # A new store: the spread layout (store/formats/layout.py spells the key).
         assert FileObjectStore(home / ".sessionstore").head(Layout("", LAYOUT_SPREAD).header("shared")) is not None
         assert embedded.running()
         # Four processes append at once (no --expect-tail: each lands, as a root here).

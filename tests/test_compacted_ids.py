@@ -2,7 +2,7 @@
 
 When a manifest retires segments 1..T, COMPACTED drops their ids from Redis's index and
 records ``iseq`` = T. Writers look their batches up in their own copy of the compacted ids,
-read from the manifest's bases (store/id_index.py), and tell CHECK how far it reaches; CHECK
+read from the manifest's bases (store/protocol/id_index.py), and tell CHECK how far it reaches; CHECK
 answers REINDEX when Redis's ``iseq`` is further. So an *active* session's Redis state stays
 bounded whatever its length, and still: a re-send of any batch returns its original result,
 an old id is never reused, an old parent is known, from any process, across pauses.
@@ -21,7 +21,7 @@ from test_idle_state import entry, fill
 from compactor import Compactor, CompactorOptions
 from store import SessionStore
 from store.errors import IdCollisionError
-from store.records import ForkPoint
+from store.formats.records import ForkPoint
 
 GRACE_MS = 60_000
 
@@ -256,7 +256,7 @@ def test_an_index_that_loses_keys_is_rebuilt_trimmed(make_store: Callable[..., S
     # A whole index, as a process that does not trim installs it.
     inc = store.get_header("l").incarnation
     data = store.reader.read("l", store.get_header("l"), use_hint=False)
-    from store.entries import entry_hash
+    from store.formats.entries import entry_hash
 
     full = [(str(e["id"]), s, entry_hash(e)) for e, s in zip(data.entries, data.seqs)]
     client.delete(keys.tail("l"))
@@ -277,7 +277,7 @@ def test_an_index_that_loses_keys_is_rebuilt_trimmed(make_store: Callable[..., S
 def test_an_encrypted_sessions_compacted_ids_are_read_from_its_sealed_bases(
     make_store: Callable[..., SessionStore], tmp_path: Any
 ) -> None:
-    from store.crypto import LocalKeyFile, create_keyring
+    from store.formats.crypto import LocalKeyFile, create_keyring
 
     keyring = tmp_path / "keys.json"
     create_keyring(keyring)

@@ -29,10 +29,10 @@ from harness.pausing import FakeClock
 from coordination.jobs import JobQueue
 from coordination.redis import Coordinator
 from store import SessionStore, StoreOptions
-from store.entries import encode_entries
+from store.formats.entries import encode_entries
 from store.errors import CorruptObjectError
-from store.objects import ObjectInfo, ObjectStore, StoredObject, object_store_from_url, s3_prefix_of
-from store.records import ForkPoint
+from store.backends.objects import ObjectInfo, ObjectStore, StoredObject, object_store_from_url, s3_prefix_of
+from store.formats.records import ForkPoint
 from store.model.session import Session
 
 
@@ -293,7 +293,7 @@ def test_loading_a_compacted_10000_entry_session_costs_constant_gets(
     reader.objects.requests.clear()
     assert reader.load_session_entries("big") == entries
     assert reader.objects.requests["get"] == 3
-    assert reader.objects.requests["list"] >= 3  # 4 on SeaweedFS (s3_objects.py: tree listing)
+    assert reader.objects.requests["list"] >= 3  # 4 on SeaweedFS (store/backends/s3.py: tree listing)
 
 
 def _compact_measuring(objects_url: str, redis_url: str, prefix: str, sid: str, out: Any) -> None:

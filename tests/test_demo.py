@@ -15,7 +15,7 @@ from typing import Any
 
 from test_cli import subprocess_env
 
-from store.embedded import EmbeddedRedis
+from store.backends.embedded import EmbeddedRedis
 
 
 def run_demo(*args: str, demo_args: tuple[str, ...] = (), cwd: Path | None = None) -> tuple[int, dict[str, Any], str]:

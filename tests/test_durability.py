@@ -19,9 +19,9 @@ from harness.pausing import InThread, Pause
 from coordination.redis import Coordinator
 from store import SessionStore
 from store.errors import ConflictError
-from store.file_objects import FileObjectStore
-from store.objects import open_local_store
-from store.records import StoreOptions
+from store.backends.files import FileObjectStore
+from store.backends.objects import open_local_store
+from store.formats.records import StoreOptions
 
 Hook = Callable[[str, dict[str, Any]], None]
 

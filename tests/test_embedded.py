@@ -22,7 +22,7 @@ from test_cli import Result, jsonl, msg, run_cli, subprocess_env
 from test_multiprocess import six_writers_keep_every_promise
 
 from store import SessionStore
-from store.embedded import EmbeddedRedis, current_boot_id
+from store.backends.embedded import EmbeddedRedis, current_boot_id
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 

@@ -24,7 +24,7 @@ from compactor import Compactor, CompactorOptions
 from harness.pausing import FakeClock, InThread, Pause
 from store import SessionStore
 from store.cli.verify import verify_session
-from store.crypto import (
+from store.formats.crypto import (
     MAGIC,
     AwsKmsProvider,
     LocalKeyFile,
@@ -391,9 +391,9 @@ def test_a_plaintext_object_put_into_an_encrypted_session_is_refused(
     instead of reading it as the session's own. The same for a plaintext value planted in
     Redis's recent-segments cache."""
     from coordination.redis import recent_value
-    from store.entries import prepare_batch
-    from store.migrations import CURRENT_SCHEMA
-    from store.segments import segment_metadata
+    from store.formats.entries import prepare_batch
+    from store.formats.migrations import CURRENT_SCHEMA
+    from store.formats.segments import segment_metadata
 
     store = make_store(key_provider=LocalKeyFile(keyring))
     sid = store.create_session().session_id

@@ -232,7 +232,7 @@ def test_a_session_in_the_trash_is_erased_too(erasing: tuple[SessionStore, Compa
     erasure of every session finds it, and erases it whole (nothing can be appended in the
     trash, a redaction neither)."""
     from compactor.retention import RetentionOptions, RetentionRunner
-    from store.retention import Retention, RetentionPolicy
+    from store.lifecycle.retention import Retention, RetentionPolicy
 
     store, compactor = erasing
     clock = FakeClock()
@@ -261,7 +261,7 @@ def test_erasing_an_encrypted_session_destroys_its_data_keys(
     """With encryption at rest no object or Redis value holds the canary to begin with; an
     erasure then destroys the session's data keys too (crypto-shredding), so a copy of its
     objects kept anywhere (a backup, a noncurrent version) is unreadable."""
-    from store.crypto import LocalKeyFile, create_keyring
+    from store.formats.crypto import LocalKeyFile, create_keyring
     from store.errors import KeyUnavailableError
 
     keyring = tmp_path / "keys.json"

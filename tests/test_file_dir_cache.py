@@ -19,7 +19,7 @@ import pytest
 from harness.pausing import InThread, Pause
 
 from store.errors import InvalidInputError, ObjectExistsError, ObjectNotFoundError
-from store.objects import FileObjectStore
+from store.backends.objects import FileObjectStore
 
 _DIR = ("sessions", "s1", "inc1", "seg")
 _D = "/".join(_DIR)

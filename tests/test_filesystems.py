@@ -1,5 +1,5 @@
 """Which filesystem a local store is on, and whether it keeps the power-loss promise
-(store/filesystems.py), and ``sessionstore doctor``'s check of it for a local directory."""
+(store/backends/filesystems.py), and ``sessionstore doctor``'s check of it for a local directory."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from store.cli import main
-from store.filesystems import ext4_journal, mount_of, parse_mountinfo, verdict
+from store.backends.filesystems import ext4_journal, mount_of, parse_mountinfo, verdict
 
 # Real lines' shape (fields: id, parent, major:minor, root, mount point, options, optional
 # fields, "-", type, source, super options); a space in a path is written \040.

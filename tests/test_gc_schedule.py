@@ -172,7 +172,7 @@ def test_one_sweeper_at_a_time_and_a_paused_one_is_replaced(store: SessionStore)
         compacted(store, clock, sid, segments=1)
     store.coord.purge()
     clock.advance(GRACE_MS)
-    # The sweep's order is the layout's (shard, then id: store/layout.py): s0..s3 renamed by it.
+    # The sweep's order is the layout's (shard, then id: store/formats/layout.py): s0..s3 renamed by it.
     s0, s1, s2, s3 = sorted(sids, key=store.layout.dir_name)
     pause = Pause("gc.sweep.session", when=lambda ctx: ctx["session_id"] == s1)
     seen: Counter[str] = Counter()

@@ -28,7 +28,7 @@ from harness.pausing import FakeClock, InThread, Pause
 from test_compactor import GRACE_MS, compactor_for
 from store import SessionStore
 from store.cli.verify import verify_session
-from store.crypto import LocalKeyFile, create_keyring
+from store.formats.crypto import LocalKeyFile, create_keyring
 
 
 
@@ -132,7 +132,7 @@ def test_a_delete_paused_before_the_header_on_the_file_backend(
     lock of the directory against every create's link)."""
     from coordination.redis import Coordinator
     from store import StoreOptions
-    from store.objects import FileObjectStore
+    from store.backends.objects import FileObjectStore
 
     made: list[SessionStore] = []
 

@@ -1,4 +1,4 @@
-"""The object layout (store/layout.py) and the store's layout record (store/layout_record.py),
+"""The object layout (store/formats/layout.py) and the store's layout record (store/protocol/layout_record.py),
 against the real servers: a new store spreads its sessions over shards; a store written in the
 flat layout before the record existed keeps it (read, write, list, compact, GC); the record,
 never what a process listed, decides; listing and the sweep walk the shards exactly once, one
@@ -19,9 +19,9 @@ from compactor import WorkerOptions
 from harness.pausing import FakeClock
 from store import SessionStore
 from store.errors import CorruptObjectError, InvalidInputError, SessionNotFoundError
-from store.headers import uuid7
-from store.layout import LAYOUT_FLAT, LAYOUT_SPREAD, SHARDS, Layout, shard_of
-from store.layout_record import record_body
+from store.protocol.headers import uuid7
+from store.formats.layout import LAYOUT_FLAT, LAYOUT_SPREAD, SHARDS, Layout, shard_of
+from store.protocol.layout_record import record_body
 from test_compactor import GRACE_MS, compactor_for, fill, keys_of, reachable, view
 
 
@@ -197,7 +197,7 @@ def test_a_new_store_keys_its_stream_ids_and_every_process_uses_the_same_key(
     """A name that is not a session id (every tenant's: ``tenant/name``) is kept under a
     blake2b keyed with the store's record's key: the id a client may see says nothing to
     someone without the record, and a second process finds the stream under the same id."""
-    from store.layout import stream_session_id
+    from store.formats.layout import stream_session_id
     from store.streams import START, Streams
 
     first, second = make_store(), make_store()
@@ -220,7 +220,7 @@ def test_a_store_recorded_before_keys_keeps_its_unkeyed_stream_ids(
     """A record without ``stream_key`` (every store recorded before keys existed) means
     the unkeyed hash for ever: its streams stay where they were written. A store that held
     sessions when its record was created gets no key either."""
-    from store.layout import stream_session_id
+    from store.formats.layout import stream_session_id
     from store.streams import START, Streams
 
     old = make_store(layout=LAYOUT_SPREAD)  # a forced layout: unkeyed, no record
@@ -295,7 +295,7 @@ def test_the_sweep_finds_an_orphan_in_the_spread_layout(store: SessionStore) -> 
         store.create_session(sid)
     victim = sids[7]
     # A zombie: a segment a writer of an ended incarnation put after the session was created
-    # again (store/layout.py, incarnations). Nothing schedules its GC: only the sweep finds it.
+    # again (store/formats/layout.py, incarnations). Nothing schedules its GC: only the sweep finds it.
     zombie = store.layout.segment(victim, "ended0inc", 1)
     store.objects.put_if_absent(zombie, b"{}\n")
     assert zombie.startswith(f"{store.layout.sessions_prefix}{shard_of(victim)}={victim}/")

@@ -1,4 +1,4 @@
-"""Listing sessions page by page (store/listing.py): exact-once paging under concurrent creates
+"""Listing sessions page by page (store/protocol/listing.py): exact-once paging under concurrent creates
 and deletes, the picker's fields from Redis's summaries (after appends, a FLUSHALL, compaction,
 forks, streams, redactions), requests per page, and bad input."""
 
@@ -17,8 +17,8 @@ import pytest
 from compactor import Compactor, CompactorOptions
 from store import SessionStore
 from store.errors import InvalidInputError, SessionNotFoundError
-from store.listing import PREVIEW_CHARS, InvalidCursorError, SessionFilter, preview
-from store.records import SessionInfo
+from store.protocol.listing import PREVIEW_CHARS, InvalidCursorError, SessionFilter, preview
+from store.formats.records import SessionInfo
 from store.streams import Streams
 from tests.harness.pausing import InThread, Pause
 

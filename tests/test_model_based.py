@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from store import EMPTY_TAIL, AppendResult, SessionStore
 from store.errors import ConflictError, IdCollisionError, SessionExistsError, UnknownParentError
-from store.objects import object_store_from_url
+from store.backends.objects import object_store_from_url
 from coordination.redis import Coordinator
 
 SESSIONS = ["m1", "m2"]

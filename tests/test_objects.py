@@ -26,7 +26,7 @@ from store.errors import (
     ObjectNotFoundError,
     UnsupportedFormatError,
 )
-from store.objects import (
+from store.backends.objects import (
     FileObjectStore,
     MemoryObjectStore,
     ObjectStore,
@@ -36,7 +36,7 @@ from store.objects import (
     parse_s3_url,
     s3_prefix_of,
 )
-from store.testing import TRICKY, ObjectStoreContract, check_tricky_listing
+from store.backends.testing import TRICKY, ObjectStoreContract, check_tricky_listing
 
 from harness.pausing import InThread, Pause
 

@@ -370,7 +370,7 @@ def test_lone_surrogates_are_stored_read_back_and_exported_exactly(store: Sessio
 def test_segments_with_surrogate_escapes_decode_strictly() -> None:
     import hashlib
 
-    from store.entries import decode_segment, encode_entries, prepare_batch
+    from store.formats.entries import decode_segment, encode_entries, prepare_batch
     from store.errors import CorruptObjectError
 
     entry = {"type": "custom", "id": "e1", "parentId": None, "data": {"\ud83d": "a\udfffé"}}
@@ -432,7 +432,7 @@ def test_session_of_an_older_schema_reads_current_and_migrates_forward(store: Se
     migrate_session rewrites them forward without overwriting any object."""
     import orjson
 
-    from store.records import Header
+    from store.formats.records import Header
 
     header = Header("old", "inc0", 1, {"type": "session", "version": 2, "id": "old", "timestamp": "t", "cwd": "/"}, schema=0)
     store.objects.put_if_absent(store.layout.header("old"), orjson.dumps(header.to_json()))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_cli import subprocess_env
 
-from store.embedded import EmbeddedRedis
+from store.backends.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -171,7 +171,7 @@ def test_beside_a_large_base_the_probe_waits_for_its_bytes_and_the_base_is_verif
     requests as always), the digest is computed beside the parse, and an altered base is
     refused all the same."""
     from store.errors import CorruptObjectError
-    from store.read import _PROBE_AFTER_BYTES
+    from store.protocol.read import _PROBE_AFTER_BYTES
 
     writer = make_store()
     writer.create_session("L")
@@ -208,14 +208,14 @@ def test_beside_a_large_base_the_probe_waits_for_its_bytes_and_the_base_is_verif
 def test_an_id_that_appears_twice_is_refused_even_when_every_object_verifies(
     make_store: Callable[..., SessionStore], big: bool,
 ) -> None:
-    """The decoders gather the ids while they parse (store/entries.py, ``EntryIds``); a
+    """The decoders gather the ids while they parse (store/formats/entries.py, ``EntryIds``); a
     duplicate across objects, each with a valid digest, still fails the read."""
     import hashlib
 
     import orjson
 
     from store.errors import CorruptObjectError
-    from store.segments import segment_metadata
+    from store.formats.segments import segment_metadata
 
     writer = make_store()
     writer.create_session("d")

@@ -1,4 +1,4 @@
-"""Retention, TTLs and the trash (store/retention.py, compactor/retention.py), against the
+"""Retention, TTLs and the trash (store/lifecycle/retention.py, compactor/retention.py), against the
 real servers (moto over HTTP, a real redis-server).
 
 Time comes from a ``FakeClock`` handed to the runner (and to ``set_retention`` through the
@@ -27,7 +27,7 @@ from store.errors import (
     SessionNotFoundError,
     SessionTrashedError,
 )
-from store.retention import DAY_MS, Retention, RetentionPolicy, trash_mark
+from store.lifecycle.retention import DAY_MS, Retention, RetentionPolicy, trash_mark
 
 HOUR = 60 * 60 * 1000
 GRACE = 2 * DAY_MS

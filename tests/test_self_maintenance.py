@@ -1,5 +1,5 @@
 """The embedded default maintains itself: a process that writes to a local store also
-compacts and collects it (``store/maintenance.py``, ``compactor/maintenance.py``), with
+compacts and collects it (``store/lifecycle/maintenance.py``, ``compactor/maintenance.py``), with
 nothing else started, and ``compact=False`` turns that off.
 
 Through the real entry points: library scripts in child processes that open the store as the
@@ -24,9 +24,9 @@ from test_cli import msg, subprocess_env
 from compactor import Compactor, CompactorOptions, Worker, WorkerOptions
 from coordination.redis import Coordinator
 from store import InvalidInputError, SessionStore, StoreOptions
-from store.embedded import EmbeddedRedis
-from store.object_store import ObjectInfo, StoredObject
-from store.objects import ObjectStore, object_store_from_url
+from store.backends.embedded import EmbeddedRedis
+from store.backends.object_store import ObjectInfo, StoredObject
+from store.backends.objects import ObjectStore, object_store_from_url
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -125,7 +125,7 @@ def test_the_compactor_is_the_registered_maintainer() -> None:
     """The store finds the compactor's worker through the entry point (pyproject.toml). If
     this fails, the installed package metadata predates it: ``pip install -e .``."""
     from compactor.maintenance import maintain
-    from store.maintenance import find_maintainer
+    from store.lifecycle.maintenance import find_maintainer
 
     assert find_maintainer() is maintain
 

@@ -439,7 +439,7 @@ def test_the_conditional_write_probe_runs_once_per_store_and_backend(
     assert len(verdicts) == 1 and verdicts[0].startswith(f"{probe}verdict-")
     second = SessionStore.from_url(s3_url, redis_url, redis_prefix=redis_prefix)
     # One HEAD finds the verdict: no probe object written or deleted by the second process
-    # (and one GET reads the store's layout record, store/layout_record.py).
+    # (and one GET reads the store's layout record, store/protocol/layout_record.py).
     assert dict(second.objects.requests) == {"head": 1, "get": 1}
     second.create_session("after")
     assert second.append_session_entries("after", [entry("a", None)]).seq == 1

@@ -1,5 +1,5 @@
 """Durable streams (``store/streams/``) on the library, with processes paused (or killed) at the
-points of the fork-registration protocol (``store/forks.py``): a fork registers with its
+points of the fork-registration protocol (``store/protocol/forks.py``): a fork registers with its
 source, creates its header, then checks that the source is not deleted; a delete appends its
 tombstone, then lists the registrations. Whatever pauses where, a source is never removed
 while a fork reads it, and nothing is left behind.
@@ -29,7 +29,7 @@ TEXT = "text/plain"
 
 
 def _registrations(store: SessionStore) -> list[str]:
-    """Every fork registration, under both names the registry reads (``store/forks.py``)."""
+    """Every fork registration, under both names the registry reads (``store/protocol/forks.py``)."""
     return [i.key for root in ("forks/", "streams/refs/") for i in store.objects.list(store.layout.prefix + root)]
 
 

@@ -23,9 +23,9 @@ from harness.pausing import FakeClock, InThread, Pause
 from compactor import Compactor, CompactorOptions
 from compactor.tiers import plan_cut, runs_of
 from store import SessionStore
-from store.entries import encode_entries
+from store.formats.entries import encode_entries
 from store.errors import BackendUnavailableError
-from store.manifest import Manifest
+from store.protocol.manifest import Manifest
 
 GRACE_MS = 60_000
 
@@ -425,7 +425,7 @@ def test_a_manifest_without_redactions_makes_the_next_compaction_rewrite_everyth
     """A manifest written before runs were kept (no ``redactions``) says nothing about the
     redactions its bases hold: the next compaction reads and rewrites every base, and its
     manifest records them, so that a later target is still purged."""
-    from store.manifest import build_manifest, compaction_record
+    from store.protocol.manifest import build_manifest, compaction_record
 
     store = make_store()
     clock = FakeClock()

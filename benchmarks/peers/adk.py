@@ -303,8 +303,8 @@ async def _lost(backend: _Backend, ctx: Any, sid: str, writers: int, count: int,
 
 def _embedded_redis(objects_url: str) -> tuple[str, Any]:
     """The embedded redis-server beside a file:// store, started if needed: (url, to stop)."""
-    from store.embedded import EmbeddedRedis
-    from store.objects import object_store_from_url
+    from store.backends.embedded import EmbeddedRedis
+    from store.backends.objects import object_store_from_url
 
     objects = object_store_from_url(objects_url)
     try:

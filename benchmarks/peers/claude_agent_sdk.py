@@ -84,7 +84,7 @@ class _Parts:
         self._last_ms = 0
         self._objects: Any = None
         if objects_url.startswith("s3://"):
-            from store.objects import object_store_from_url, s3_prefix_of
+            from store.backends.objects import object_store_from_url, s3_prefix_of
 
             self._objects = object_store_from_url(objects_url)
             self.client = self._objects.client  # type: ignore[attr-defined]

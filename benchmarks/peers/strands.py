@@ -307,7 +307,7 @@ def _embedded_stopper(objects_url: str, redis_url: str | None) -> Callable[[], N
     parsed = urlparse(objects_url)
     if redis_url is not None or parsed.scheme != "file":
         return lambda: None
-    from store.embedded import EmbeddedRedis
+    from store.backends.embedded import EmbeddedRedis
 
     embedded = EmbeddedRedis(Path(unquote(parsed.path)) / ".redis")
     if embedded.running():

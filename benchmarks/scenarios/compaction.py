@@ -149,8 +149,8 @@ def amplification_figures(params: dict[str, Any]) -> list[str]:
 def _grow(ctx: Context, st: Any, sid: str, n: int, every: int, merge_ratio: float) -> dict[str, float]:
     """Append ``n`` one-entry segments to a new session, compacting every ``every``."""
     from compactor import Compactor, CompactorOptions
-    from store.entries import encode_entries
-    from store.segments import SHA256
+    from store.formats.entries import encode_entries
+    from store.formats.segments import SHA256
 
     st.create_session(sid)
     inc = st.get_header(sid).incarnation

@@ -33,7 +33,7 @@ def _provider(ctx: Context) -> Any | None:
     except ImportError:
         ctx.results.notes.append("encryption not measured: the 'cryptography' package is missing")
         return None
-    from store.crypto import LocalKeyFile, create_keyring
+    from store.formats.crypto import LocalKeyFile, create_keyring
 
     path = Path(tempfile.mkdtemp(prefix="sessionstore-bench-keys-")) / "keyring.json"
     create_keyring(path)

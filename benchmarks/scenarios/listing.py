@@ -1,7 +1,7 @@
 """Listing N sessions: the first page and every page, against the object store's LIST alone.
 
 The store's page is one LIST of the session directories and one Redis pipeline reading each
-listed session's tail and summary (``store/listing.py``). The floor is the same LIST pages
+listed session's tail and summary (``store/protocol/listing.py``). The floor is the same LIST pages
 of the same keys through the same client (``ObjectStore.list_dirs_page``), without Redis:
 what any listing of the object store pays. Store and floor alternate, rep by rep.
 

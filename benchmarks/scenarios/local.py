@@ -264,7 +264,7 @@ class _Sides:
 
 
 def _close_embedded(store: Any, directory: Path) -> None:
-    from store.embedded import EmbeddedRedis
+    from store.backends.embedded import EmbeddedRedis
 
     quiet = logging.getLogger("sessionstore.embedded")
     level = quiet.level

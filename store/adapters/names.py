@@ -15,7 +15,7 @@ below are kept byte for byte (``tests/test_adapter_names.py`` pins them).
 | ``claude-agent-sdk`` | ``(project_key[, session_id[, subpath]])`` | ``cc.<P>[.<S>[.<U>]]``: ``P`` 10-byte blake2b of ``namespace NUL project_key`` (of ``project_key`` alone without a namespace), ``S`` the session id when it is a token of at most 64 characters else ``_`` + 12-byte blake2b, ``U`` 10-byte blake2b of the subpath |
 
 The digests are not secrets: whoever knows a framework's names can compute the id (the
-store's keyed stream ids are for streams only: ``store.layout.stream_session_id``).
+store's keyed stream ids are for streams only: ``store.formats.layout.stream_session_id``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 
 from store.errors import InvalidInputError
-from store.layout import check_session_id
+from store.formats.layout import check_session_id
 
 __all__ = ["ADAPTERS", "digest", "session_id_for"]
 

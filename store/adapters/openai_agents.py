@@ -79,7 +79,7 @@ from store.errors import (
 )
 from store.adapters.names import session_id_for
 from store.model.rules import REDACTION_TYPE, is_tombstone
-from store.records import EMPTY_TAIL, AppendResult
+from store.formats.records import EMPTY_TAIL, AppendResult
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem

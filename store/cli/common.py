@@ -45,7 +45,7 @@ ENV_OBJECTS = "SESSIONSTORE_OBJECTS_URL"
 ENV_REDIS = "SESSIONSTORE_REDIS_URL"
 ENV_PREFIX = "SESSIONSTORE_REDIS_PREFIX"
 ENV_DEBUG = "SESSIONSTORE_DEBUG"
-#: The key provider of encrypted sessions (``store.crypto.key_provider_from_url``).
+#: The key provider of encrypted sessions (``store.formats.crypto.key_provider_from_url``).
 ENV_KEYS = "SESSIONSTORE_KEYS"
 
 
@@ -254,7 +254,7 @@ def check_objects_url(url: str, source: str = "--objects") -> None:
         if scheme != "s3":
             raise _bad_url(source, url, "the scheme must be s3:// or file:// (or give a directory)",
                            example)
-        from store.objects import parse_s3_url
+        from store.backends.objects import parse_s3_url
 
         config = parse_s3_url(url)
         if config.endpoint_url is not None:
@@ -330,7 +330,7 @@ def open_store(config: Config, **options: Any) -> Any:
         options.setdefault("rebuild_max_age_ms", int(rebuild_age))
     keys = os.environ.get(ENV_KEYS)
     if keys and "key_provider" not in options:
-        from store.crypto import key_provider_from_url
+        from store.formats.crypto import key_provider_from_url
 
         options["key_provider"] = key_provider_from_url(keys)
     try:
@@ -350,7 +350,7 @@ def name_the_bucket(text: str, config: Config | None) -> str:
     internal objects (``_probe/verdict-...``)."""
     if config is None or urlparse(config.objects_url).scheme != "s3":
         return text
-    from store.objects import parse_s3_url
+    from store.backends.objects import parse_s3_url
 
     try:
         s3 = parse_s3_url(config.objects_url)

@@ -17,10 +17,10 @@ from typing import Any
 from coordination.redis import parse_version
 from store.cli.common import Config
 from store.errors import ConditionalWritesUnsupportedError, SessionStoreError
-from store.filesystems import verdict
-from store.layout import LAYOUT_FLAT, LAYOUT_SPREAD, Layout
-from store.layout_record import propose, read_record
-from store.objects import (
+from store.backends.filesystems import verdict
+from store.formats.layout import LAYOUT_FLAT, LAYOUT_SPREAD, Layout
+from store.protocol.layout_record import propose, read_record
+from store.backends.objects import (
     LOCAL_STORES,
     ObjectStore,
     S3ObjectStore,
@@ -151,7 +151,7 @@ def _object_checks(checks: list[Check], objects: ObjectStore, layout: Layout) ->
         checks.append(Check("objects: backend", "ok", "file backend: a file per object, an append two fsyncs"))
 
         def durability() -> tuple[str, str]:
-            # The power-loss promise leans on a journaling filesystem (store/filesystems.py);
+            # The power-loss promise leans on a journaling filesystem (store/backends/filesystems.py);
             # one this cannot tell about is reported as not checked, not as a fault.
             found = verdict(local.root, fsync=local.fsync)
             return ("warn" if found.status == "warn" else "ok"), found.detail
@@ -200,7 +200,7 @@ def _embedded_redis(checks: list[Check], config: Config) -> str | None:
 
     def embedded() -> tuple[str, str]:
         nonlocal url
-        from store.embedded import EmbeddedRedis, redis_server_binary
+        from store.backends.embedded import EmbeddedRedis, redis_server_binary
 
         directory = config.local_dir
         if directory is None:

@@ -11,7 +11,7 @@ import orjson
 from store.cli.common import Exit, err
 from store.cli.ctx import Ctx
 from store.cli.render import summarize
-from store.layout import check_session_id
+from store.formats.layout import check_session_id
 
 
 def cmd_follow(args: argparse.Namespace, ctx: Ctx) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 from store.cli.common import CliError, Exit, dump_json, err, human_bytes, iso_of_ms, out
 from store.cli.ctx import Ctx, counted, now_ms
-from store.layout import check_session_id
+from store.formats.layout import check_session_id
 
 # --- compaction ----------------------------------------------------------------------------------
 
@@ -209,7 +209,7 @@ def cmd_doctor(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def cmd_embedded(args: argparse.Namespace, ctx: Ctx) -> int:
-    from store.embedded import EmbeddedRedis
+    from store.backends.embedded import EmbeddedRedis
 
     directory = ctx.config.local_dir
     if directory is None or ctx.config.redis_url is not None:

@@ -11,8 +11,8 @@ from store.cli.common import CliError, Exit, dump_json, err, iso_of_ms, out, par
 from store.cli.ctx import Ctx
 from store.clock import now_ms
 from store.errors import InvalidRetentionError, NotInTrashError
-from store.layout import check_session_id
-from store.retention import DAY_MS, DEFAULT_GRACE_MS, Retention, RetentionPolicy
+from store.formats.layout import check_session_id
+from store.lifecycle.retention import DAY_MS, DEFAULT_GRACE_MS, Retention, RetentionPolicy
 
 _UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": DAY_MS, "w": 7 * DAY_MS}
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)([smhdw]?)\Z")

@@ -24,14 +24,14 @@ from store.cli.ctx import Ctx, now_ms
 from store.cli.operate import compactor_for, purged_line
 from store.cli.render import draw_tree
 from store.clock import iso_now
-from store.layout import check_session_id
-from store.listing import SessionFilter
+from store.formats.layout import check_session_id
+from store.protocol.listing import SessionFilter
 
 if TYPE_CHECKING:
     from store.core import SessionStore
     from store.model.session import Session
-    from store.read import SessionData
-    from store.records import SessionInfo
+    from store.protocol.read import SessionData
+    from store.formats.records import SessionInfo
 
 
 # --- create / append -----------------------------------------------------------------------------
@@ -53,7 +53,7 @@ def cmd_create(args: argparse.Namespace, ctx: Ctx) -> int:
 
 def cmd_append(args: argparse.Namespace, ctx: Ctx) -> int:
     from store.errors import ConflictError, ContentionError
-    from store.records import EMPTY_TAIL
+    from store.formats.records import EMPTY_TAIL
 
     sid = check_session_id(args.session)
     if args.file in (None, "-"):
@@ -255,7 +255,7 @@ def cmd_info(args: argparse.Namespace, ctx: Ctx) -> int:
     sid = check_session_id(args.session)
     from store.cli.retention import retention_state
     from store.errors import SessionTrashedError
-    from store.retention import RetentionPolicy
+    from store.lifecycle.retention import RetentionPolicy
 
     try:
         data, session = _read_with_model(store, sid)

@@ -16,7 +16,7 @@ from store.cli.common import CliError, Exit, classify, dump_json, err, out
 from store.cli.ctx import Ctx, counted
 from store.cli.render import StatusLine, bar
 from store.errors import SessionStoreError
-from store.layout import check_session_id
+from store.formats.layout import check_session_id
 
 if TYPE_CHECKING:
     from store.core import SessionStore

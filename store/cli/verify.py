@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from store.segments import contiguous, decode_base_object, decode_segment_object
+from store.formats.segments import contiguous, decode_base_object, decode_segment_object
 from store.errors import (
     BackendError,
     CorruptObjectError,
@@ -38,16 +38,16 @@ from store.errors import (
     SessionNotFoundError,
     SessionStoreError,
 )
-from store.layout import check_session_id
-from store.listing import all_session_ids
+from store.formats.layout import check_session_id
+from store.protocol.listing import all_session_ids
 from store.model.context import branch_path
 from store.model.session import Session
 
 if TYPE_CHECKING:
     from coordination.redis import TailState
     from store.core import SessionStore
-    from store.manifest import Manifest
-    from store.records import Header
+    from store.protocol.manifest import Manifest
+    from store.formats.records import Header
 
 _ATTEMPTS = 3
 _SHOW = 5
@@ -180,7 +180,7 @@ def _sort_listing(
         elif parsed is not None and parsed.kind == "manifest" and parsed.number is not None:
             manifests[parsed.number] = key
         elif parsed is not None and parsed.kind == "withdrawn":
-            # A fence GC wrote as this incarnation got its header (store/incarnations.py):
+            # A fence GC wrote as this incarnation got its header (store/protocol/incarnations.py):
             # harmless, and never removed while the incarnation lives.
             continue
         elif parsed is None or parsed.kind not in ("base", "key"):
@@ -195,7 +195,7 @@ def _check_manifests(
     (``_check_latest``). Returns the latest manifest (None: never compacted) and its bases'
     entries."""
     try:
-        latest = store.manifests.latest(sid, inc)
+        latest = store.latest_manifest(sid, inc)
     except CorruptObjectError as exc:
         check.faults.append(str(exc))
         latest = None

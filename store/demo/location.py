@@ -91,7 +91,7 @@ def cleanup_external(store: SessionStore, loc: Location) -> None:
 
 def stop_embedded(loc: Location) -> None:
     if loc.embedded_dir is not None:
-        from store.embedded import EmbeddedRedis
+        from store.backends.embedded import EmbeddedRedis
 
         try:
             EmbeddedRedis(loc.embedded_dir).stop()

@@ -99,7 +99,7 @@ class StreamService:
         self.tokens = tokens
         self.max_messages = max_messages
         self.streams = Streams(store)
-        self.notifier = Notifier(store.coord)
+        self.notifier = Notifier(self.streams.ctx.coord)
         self.long_poll_s = long_poll_s
         self.sse_max_s = sse_max_s
         self.max_body = max_body

@@ -28,15 +28,15 @@ from starlette.responses import Response
 
 from store.errors import InvalidInputError, SessionExistsError
 from store.http.auth import ALL_TENANTS
-from store.layout import check_session_id
-from store.listing import MAX_PAGE as STORE_PAGE
-from store.listing import SessionFilter
+from store.formats.layout import check_session_id
+from store.protocol.listing import MAX_PAGE as STORE_PAGE
+from store.protocol.listing import SessionFilter
 from store.streams import PI_KIND, StreamNotFoundError
 
 if TYPE_CHECKING:
-    from store.handles import SessionHandle
+    from store.protocol.handles import SessionHandle
     from store.http.service import RouteService
-    from store.records import Header, SessionInfo
+    from store.formats.records import Header, SessionInfo
 
 SESSIONS_ROOT = "/v1/sessions"
 DEFAULT_PAGE = 50
@@ -78,7 +78,7 @@ class SessionRoutes:
         self, tenant: str | None, after: str | None, limit: int, filters: SessionFilter
     ) -> tuple[list[dict[str, Any]], str | None]:
         """Sessions in the layout's order (shard, then id) after the cursor, read from the
-        store's listing (each page one LIST and one Redis round trip, ``store/listing.py``)
+        store's listing (each page one LIST and one Redis round trip, ``store/protocol/listing.py``)
         without reading any session; ``next`` is None after the last page.
 
         Without tenants (and for the operator's), one page of the store's listing: the

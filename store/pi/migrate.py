@@ -173,7 +173,7 @@ def v2_to_v3_entry(entry: dict[str, Any]) -> dict[str, Any]:
     """pi's v2->v3 step for an entry: message role ``hookMessage`` became ``custom``.
 
     The one definition of the rule: the store's schema 0 -> 1 migration
-    (:mod:`store.migrations`) is this step too. Pure and idempotent: returns ``entry`` itself
+    (:mod:`store.formats.migrations`) is this step too. Pure and idempotent: returns ``entry`` itself
     when the step changes nothing, else a copy (``entry`` and its message copied shallowly,
     key order kept); ``entry`` is never changed.
     """

@@ -30,10 +30,10 @@ The package, top to bottom:
 
 - ``model.py``: offsets, settings, the state folded from the records, results (pure values);
 - ``state.py``: a stream's state brought up to its true tail through the core read path
-  (``Reader.read_after``), and the segments kept behind it (``store/segment_cache.py``);
+  (``Reader.read_after``), and the segments kept behind it (``store/protocol/segment_cache.py``);
 - ``reads.py``: reading from an offset, a fork's source first;
 - ``collect.py``: delete (a tombstone while forks read it) and collection, with the store's
-  one fork registry (``store/forks.py``);
+  one fork registry (``store/protocol/forks.py``);
 - ``service.py``: ``Streams``, the operations: create and fork, append, read, delete.
 
 Errors are the store's (``store/errors.py``, under ``StreamError``). Not here (the HTTP

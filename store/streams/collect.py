@@ -3,7 +3,7 @@
 A stream that forks still read is not removed when it is deleted: a *tombstone* record is
 appended (the state folds it as ``deleted``: 410 for everyone, and no new forks), and its
 data goes with its last fork. Forks register with their source in the store's one fork
-registry (``store/forks.py``, whose docstring argues why no live fork is missed): a forker
+registry (``store/protocol/forks.py``, whose docstring argues why no live fork is missed): a forker
 registers, creates its header, then checks that its source is not deleted and undoes its
 fork if it is; a delete commits its tombstone first and lists the registrations after.
 
@@ -21,13 +21,13 @@ import uuid
 from typing import TYPE_CHECKING
 
 from store.errors import ContentionError, SessionNotFoundError, StreamNotFoundError
-from store.forks import ForkRegistry, Registration
+from store.protocol.forks import ForkRegistry, Registration
 from store.streams.model import BATCH_TYPE, MAX_CAS_ATTEMPTS, StreamState
 from store.streams.state import StreamStates
 
 if TYPE_CHECKING:
-    from store.api import Sessions
-    from store.context import StoreContext
+    from store.protocol.api import Sessions
+    from store.protocol.context import StoreContext
 
 
 class StreamCollector:
@@ -63,7 +63,7 @@ class StreamCollector:
                     "msgs": [],
                     "deleted": True,
                 }
-                # The tombstone first, the registrations after (store/forks.py): a fork whose
+                # The tombstone first, the registrations after (store/protocol/forks.py): a fork whose
                 # header comes later checks after this and backs out.
                 if self.states.commit(st, record):
                     break

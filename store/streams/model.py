@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from store.errors import InvalidInputError, InvalidOffsetError, StreamNotFoundError
-from store.records import EMPTY_TAIL, Header
+from store.formats.records import EMPTY_TAIL, Header
 
 STREAM_KIND = "stream"
 #: A pi session read and written as a stream of entries (``store/model/``'s rules hold).

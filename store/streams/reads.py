@@ -13,10 +13,10 @@ import base64
 from typing import Any
 
 from store.errors import InvalidOffsetError, StreamGoneError, StreamNotFoundError
-from store.headers import HeaderStore
+from store.protocol.headers import HeaderStore
 from store.model.rules import REDACTION_TYPE
-from store.read import Reader
-from store.segment_cache import SegmentCache
+from store.protocol.read import Reader
+from store.protocol.segment_cache import SegmentCache
 from store.streams.model import Batch, Offset, ReadResult, StreamConfig, StreamState, config_of, message_size
 
 #: Most bytes of messages one read returns by default.

@@ -33,10 +33,11 @@ from store.errors import (
     StreamSeqConflictError,
     TailMismatchError,
 )
-from store.forks import ForkRegistry
-from store.layout import new_ref_token
-from store.records import Header
-from store.segment_cache import estimated_size
+from store.protocol.forks import ForkRegistry
+from store.protocol.read import Reader
+from store.formats.layout import new_ref_token
+from store.formats.records import Header
+from store.protocol.segment_cache import estimated_size
 from store.streams.collect import StreamCollector
 from store.streams.model import (
     BATCH_TYPE,
@@ -76,7 +77,7 @@ class Streams:
     ) -> None:
         self.store = store
         self.ctx = ctx = store.ctx
-        reader = store.reader
+        reader = Reader(ctx)  # the read path holds nothing but the context: built from it
         self.states = StreamStates(ctx, reader, store, cache_size=cache_size, cache_bytes=cache_bytes)
         self.forks = ForkRegistry(ctx.layout, ctx.objects, ctx.options.retry, ctx.headers)
         self.collector = StreamCollector(ctx, store, self.states, self.forks)
@@ -176,7 +177,7 @@ class Streams:
         close: bool,
     ) -> tuple[bool, StreamInfo]:
         """Register with the source, create the header, then check the source: the store's
-        one fork protocol (``store/forks.py``). A source deleted before the check (its
+        one fork protocol (``store/protocol/forks.py``). A source deleted before the check (its
         tombstone committed) undoes the fork; one deleted after it waits for the fork."""
         path, src_sid, src_inc = config.path, config.fork_sid or "", config.fork_inc or ""
         ref_key, made_ref = self.forks.register(src_sid, src_inc, sid, config.fork_ref)

@@ -5,7 +5,7 @@ records (``StreamState.fold``). This process keeps the states it has folded and 
 behind them (a ``SegmentCache``: a segment never changes within an incarnation), and brings a
 state up to date with ``Reader.read_after``, the same read a follower makes: what Redis's tail
 names in one parallel round, the probe of the slot after it, and Redis's retired slot asked
-after that probe's 404 (``store/read.py``). A writer asks for no probe (``probe=False``): its
+after that probe's 404 (``store/protocol/read.py``). A writer asks for no probe (``probe=False``): its
 append is a compare-and-set on the last record it folded, so a segment Redis has not heard of
 only costs it a retry (the append path rolls that segment forward).
 """
@@ -26,14 +26,14 @@ from store.errors import (
     SessionStoreError,
     StreamNotFoundError,
 )
-from store.records import Header
-from store.segment_cache import SegmentCache, estimated_size
+from store.formats.records import Header
+from store.protocol.segment_cache import SegmentCache, estimated_size
 from store.streams.model import PI_KIND, STREAM_KIND, StreamState, config_of, copy_state
 
 if TYPE_CHECKING:
-    from store.context import StoreContext
-    from store.handles import SessionAppends
-    from store.read import Reader
+    from store.protocol.context import StoreContext
+    from store.protocol.handles import SessionAppends
+    from store.protocol.read import Reader
 
 #: Segments a process meeting a stream for the first time fetches beside its header.
 PREFETCH_SEGMENTS = 64

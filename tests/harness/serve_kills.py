@@ -45,7 +45,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: The append's fault points (store/append.py) that every append on S3 passes.
+#: The append's fault points (store/protocol/append.py) that every append on S3 passes.
 APPEND_POINTS: tuple[str, ...] = ("append.before_check", "append.before_put", "append.after_put", "append.after_commit")
 
 STREAM_ROOT = "/v1/stream/"

@@ -253,7 +253,7 @@ def _ranges(numbers: list[int]) -> str:
 
 def _diagnose(store: SessionStore, sid: str) -> dict[str, Any]:
     """What Redis and the object store hold for a session, for the report."""
-    from store.layout import Layout
+    from store.formats.layout import Layout
 
     out: dict[str, Any] = {}
     try:
@@ -287,8 +287,8 @@ def _read_without_redis(store: SessionStore, sid: str) -> Any:
 
 def final(cfg: SoakConfig) -> int:
     from compactor import Compactor, CompactorOptions
-    from store.entries import decode_segment
-    from store.layout import Layout
+    from store.formats.entries import decode_segment
+    from store.formats.layout import Layout
 
     store = _open_store(cfg, lambda: False)
     assert store is not None

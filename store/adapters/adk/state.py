@@ -20,7 +20,7 @@ from store.adapters.adk.layout import (
     _scoped,
 )
 from store.model.rules import REDACTION_TYPE
-from store.records import EMPTY_TAIL, Header
+from store.formats.records import EMPTY_TAIL, Header
 
 
 def _fold_scope(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from store.adapters.names import digest
 from store.errors import InvalidInputError
-from store.records import Header
+from store.formats.records import Header
 
 
 #: ``customType`` of the entry holding one SDK transcript entry (``data``).

@@ -46,7 +46,7 @@ from store.errors import (
     SessionNotFoundError,
     UnknownParentError,
 )
-from store.records import EMPTY_TAIL, AppendResult
+from store.formats.records import EMPTY_TAIL, AppendResult
 
 if TYPE_CHECKING:
     from store.aio import AsyncSessionStore
