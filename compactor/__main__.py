@@ -129,6 +129,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="days a trashed session stays restorable before it is purged (default %(default)s)")
     w.add_argument("--retention-poll", type=float, default=d.retention_poll_ms / 1000,
                    help="seconds between retention runs, fleet-wide; 0: none on this worker (default %(default)s)")
+    w.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (docs/operations.md; needs "
+                        "prometheus-client: pip install 'sessionstore[metrics]')")
+    w.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address the metrics listen on (default %(default)s)")
     c = sub.add_parser("compact", parents=[common], help="compact sessions now")
     c.add_argument("sessions", nargs="+")
     g = sub.add_parser("gc", parents=[common], help="garbage-collect sessions (all by default)")
@@ -231,7 +236,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     retention_poll_ms=int(args.retention_poll * 1000),
                 ),
             )
-            return worker.run(burst=args.burst)
+            metrics = None
+            if args.metrics_port is not None:
+                from compactor.metrics import serve_metrics
+
+                metrics = serve_metrics(worker, args.metrics_host, args.metrics_port)
+            try:
+                return worker.run(burst=args.burst)
+            finally:
+                if metrics is not None:
+                    metrics.shutdown()
         if args.command == "compact":
             _print([asdict(compactor.compact_session(sid)) for sid in args.sessions])
         elif args.command == "gc":

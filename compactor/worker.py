@@ -28,7 +28,7 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from types import FrameType
 from typing import Any
 
@@ -112,6 +112,11 @@ class Worker:
         # XREADGROUP must return before the client's socket timeout reads it as a dead server.
         timeout_ms = int(compactor.store.options.redis_socket_timeout * 1000)
         self._block_ms = max(1, min(self.options.block_ms, timeout_ms // 2))
+
+    def stats_now(self) -> WorkerStats:
+        """A copy of the counters, consistent with each other (metrics read it)."""
+        with self._stats_lock:
+            return replace(self.stats)
 
     # --- stopping ----------------------------------------------------------------------------
 

@@ -207,7 +207,7 @@ class AppendCalls(RedisClient):
                 pipe.pexpire(turn, max(1, int(ttl_ms)))
             pipe.execute()
         try:
-            redis_call(call)
+            self._call(call, retry=False)
         except BackendError as exc:
             log.info("riders of %s not woken (%s): they wake at the end of their wait", sid, exc)
 

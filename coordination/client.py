@@ -10,6 +10,7 @@ calls of one concern, and ``coordination.redis.Coordinator`` is all of them.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Self, TypeVar
 
@@ -110,6 +111,9 @@ class RedisClient:
         self._sweep_lease = client.register_script(scripts.SWEEP_LEASE)
         self._sweep_progress = client.register_script(scripts.SWEEP_PROGRESS)
         self._sharded: bool | None = None
+        #: Told of every attempt of a call made with ``_call``: (exception or None, seconds);
+        #: the store's metrics set it (``store/metrics.py``).
+        self.observer: Callable[[BaseException | None, float], None] | None = None
 
     @classmethod
     def from_url(
@@ -149,7 +153,28 @@ class RedisClient:
             pass
 
     def _call(self, fn: Callable[[], T], *, retry: bool = True) -> T:
-        return self.retry.call(lambda: redis_call(fn)) if retry else redis_call(fn)
+        """One Redis call (a command, a script, a pipeline), retried by the policy unless
+        ``retry=False``; each attempt is told to ``observer`` when one is set. (A writer's
+        blocking wait for its turn is not a call: ``coordination/appends.py`` makes it with
+        ``redis_call`` directly.)"""
+        call = self._observed(fn) if self.observer is not None else (lambda: redis_call(fn))
+        return self.retry.call(call) if retry else call()
+
+    def _observed(self, fn: Callable[[], T]) -> Callable[[], T]:
+        observer = self.observer
+        assert observer is not None
+
+        def attempt() -> T:
+            started = time.perf_counter()
+            try:
+                out = redis_call(fn)
+            except BaseException as exc:
+                observer(exc, time.perf_counter() - started)
+                raise
+            observer(None, time.perf_counter() - started)
+            return out
+
+        return attempt
 
     def purge(self) -> int:
         """Delete every key under this coordinator's prefix (tests, demos, benchmarks: never

@@ -213,6 +213,20 @@ class JobQueue:
         raw = redis_call(lambda: self.client.hgetall(self.keys.workers))
         return {_s(k): orjson.loads(v) for k, v in raw.items()}
 
+    def backlog(self) -> tuple[int, int | None]:
+        """Jobs in the queue (waiting or being worked on: a job leaves it when acknowledged)
+        and when the oldest of them was queued (ms, from its stream id), in one round trip."""
+
+        def go() -> tuple[int, int | None]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xlen(self.keys.jobs)
+            pipe.xrange(self.keys.jobs, "-", "+", count=1)
+            length, first = pipe.execute()
+            oldest = int(_s(first[0][0]).split("-")[0]) if first else None
+            return int(length), oldest
+
+        return redis_call(go)
+
     def pending(self) -> int:
         summary = redis_call(lambda: self.client.xpending(self.keys.jobs, self.group))
         return int(summary.get("pending", 0)) if isinstance(summary, dict) else 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -38,6 +39,7 @@ from store.protocol.listing import NO_FILTER, Lister, SessionFilter, SessionPage
 from store.protocol.manifest import Manifest, ManifestStore
 from store.lifecycle.maintenance import Maintenance
 from store.formats.markers import check_user_ids, refuse_if_trashed
+from store.metrics import NoMetrics, append_outcome, default_metrics, request_result
 from store.backends.objects import ObjectStore, object_store_from_url, s3_prefix_of
 from store.protocol.read import Reader, SessionChanges, SessionData
 from store.formats.records import AppendResult, ForkPoint, Header, SessionInfo, StoreOptions, TailInfo
@@ -76,6 +78,13 @@ class SessionStore:
         self.objects = objects
         self.coord = coordinator
         self.options = options or StoreOptions()
+        #: What this store counts and times (``store/metrics.py``): the process's registry
+        #: unless ``StoreOptions.metrics`` names another; nothing without prometheus_client.
+        self.metrics = self.options.metrics or default_metrics()
+        if not isinstance(self.metrics, NoMetrics):
+            metrics = self.metrics
+            objects.observer = lambda op, exc, s: metrics.object_request(op, request_result(exc), s)
+            coordinator.observer = lambda exc, s: metrics.redis_call(request_result(exc), s)
         self._owns = owns_backends
         retry = self.options.retry
         forced = self.options.layout
@@ -302,10 +311,19 @@ class SessionStore:
         if self._maintain and self._maintenance is None:
             self._start_maintenance()
         check_user_ids(batch.ids)  # the trash's markers are its own (store/lifecycle/retention.py)
-        return self.appender.append(
-            check_session_id(session_id), batch, expected_tail_entry_id, incarnation=incarnation,
-            alone=alone,
-        )
+        started = time.perf_counter()
+        try:
+            result = self.appender.append(
+                check_session_id(session_id), batch, expected_tail_entry_id, incarnation=incarnation,
+                alone=alone,
+            )
+        except BaseException as exc:
+            self.metrics.append(append_outcome(exc), time.perf_counter() - started)
+            raise
+        self.metrics.append("ok", time.perf_counter() - started)
+        if result.segment_entries is not None:
+            self.metrics.segment(result.segment_entries)
+        return result
 
     def load_session_entries(self, session_id: str) -> list[dict[str, Any]]:
         """Every entry of the session in commit order (a fork's inherited path first)."""
@@ -322,7 +340,9 @@ class SessionStore:
     def read_session(self, session_id: str) -> SessionData:
         """The session's entries and where each came from (``store/protocol/read.py``).
         ``SessionTrashedError`` for a session in the trash (docs/lifecycle.md)."""
+        started = time.perf_counter()
         data = self.reader.read_session(check_session_id(session_id))
+        self.metrics.read("session", time.perf_counter() - started)
         refuse_if_trashed(data.header.session_id, data.last_entry_id)
         return data
 

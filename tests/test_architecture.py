@@ -16,8 +16,8 @@
     ``store/adapters``, ``store/streams``, ``store/demo``, ``compactor/``).
 
   A module imports from its own layer and the layers below it, never above; the error tree,
-  the clock, the fault hooks and the retry policy (``SHARED``) are imported from anywhere and
-  import only each other. Every module is in a layer.
+  the clock, the fault hooks, the retry policy and the metrics (``SHARED``) are imported from
+  anywhere and import only each other. Every module is in a layer.
 - Nothing under ``store/`` imports ``compactor/`` (``store/cli`` and ``store/demo``, the
   programs built on both, may).
 - Nothing of the store's core imports ``store/adapters/`` (the framework adapters are built on
@@ -184,8 +184,9 @@ BELOW: dict[str, set[str]] = {
     "shells": {"formats", "backends", "protocol", "lifecycle", "facade"},
 }
 #: Imported from anywhere, importing only each other: the error tree, the clock, the fault
-#: hooks, the retry policy (``coordination`` applies it too, so it is no backend's).
-SHARED = {"store.errors", "store.clock", "store.faults", "store.retry"}
+#: hooks, the retry policy (``coordination`` applies it too, so it is no backend's), the
+#: metrics every layer reports to.
+SHARED = {"store.errors", "store.clock", "store.faults", "store.retry", "store.metrics"}
 
 
 def _layer_of(module: str) -> str | None:

@@ -39,7 +39,7 @@ from store.errors import (
     ObjectNotFoundError,
 )
 from store.faults import FaultHook
-from store.backends.object_store import ObjectInfo, ObjectStore, StoredObject, check_key
+from store.backends.object_store import ObjectInfo, ObjectStore, StoredObject, check_key, requested
 
 _FILE_MAGIC = b"SSOBJ1\n"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -177,12 +177,12 @@ class FileObjectStore(ObjectStore):
 
     # --- create ------------------------------------------------------------------------------
 
+    @requested("put")
     def put_if_absent(
         self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
     ) -> None:
         parts = check_key(key).split("/")
         blob = _blob(data, metadata)
-        self._count("put")
         try:
             self._create(key, parts, blob)
         except (FileExistsError, NotADirectoryError):
@@ -299,8 +299,8 @@ class FileObjectStore(ObjectStore):
 
     # --- read --------------------------------------------------------------------------------
 
+    @requested("get")
     def get(self, key: str) -> StoredObject:
-        self._count("get")
         fd = self._open_object(key)
         try:
             st = os.fstat(fd)
@@ -317,8 +317,8 @@ class FileObjectStore(ObjectStore):
         # early (GC trusts this time not to be early; docs/design.md, "Pauses").
         return StoredObject(obj.key, obj.data, obj.metadata, max(st.st_ctime_ns, st.st_mtime_ns) // 1_000_000)
 
+    @requested("head")
     def head(self, key: str) -> ObjectInfo | None:
-        self._count("head")
         try:
             fd = self._open_object(key)
         except ObjectNotFoundError:
@@ -374,9 +374,9 @@ class FileObjectStore(ObjectStore):
         self._count("list")
         yield from subdirectories(self.root, prefix)
 
+    @requested("delete")
     def delete(self, key: str) -> None:
         parts = check_key(key).split("/")
-        self._count("delete")
         try:
             dfd = self._open_dir(parts[:-1], create=False)
         except (FileNotFoundError, NotADirectoryError):
@@ -397,13 +397,13 @@ class FileObjectStore(ObjectStore):
             os.close(dfd)
         self._prune(parts)
 
+    @requested("delete")
     def delete_if_unchanged(self, key: str, seen: StoredObject) -> bool:
         """Unlink ``key`` if it holds ``seen``'s bytes and metadata, under an exclusive
         ``flock`` of its directory: every link into a directory holds a shared one
         (``_link_shared``), so no create can give the name to another object between the
         comparison and the unlink (a plain unlink by name cannot be made conditional)."""
         parts = check_key(key).split("/")
-        self._count("delete")
         try:
             dfd = self._open_dir(parts[:-1], create=False)
         except (FileNotFoundError, NotADirectoryError):

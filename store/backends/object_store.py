@@ -11,6 +11,7 @@ later life of a session takes again (its header) is removed only by ``delete_if_
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import re
@@ -18,9 +19,10 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, ParamSpec, Sequence, TypeVar
 
 from store.errors import (
     ConditionalWritesUnsupportedError,
@@ -34,6 +36,8 @@ from store.errors import (
 # the whole key must match, ``\Z`` and not ``$``, which would let a trailing newline through).
 _KEY = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._=-]{0,254}/)*[A-Za-z0-9_][A-Za-z0-9._=-]{0,254}\Z")
 _KEY_MAX = 1024
+P = ParamSpec("P")
+R = TypeVar("R")
 #: What ``probe_conditional_writes`` checks: 1 If-None-Match, 2 also conditional deletes.
 _PROBE_VERSION = 2
 
@@ -45,6 +49,20 @@ def verdict_key(prefix: str, identity: str) -> str:
     again, once."""
     digest = hashlib.sha256(f"{identity}\n{_PROBE_VERSION}".encode()).hexdigest()[:16]
     return f"{prefix}verdict-{digest}"
+
+
+def requested(op: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A backend's method that makes one request ``op``: ``ObjectStore.request`` around it."""
+
+    def wrap(method: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(method)
+        def requesting(*args: P.args, **kwargs: P.kwargs) -> R:
+            with args[0].request(op):  # type: ignore[attr-defined]
+                return method(*args, **kwargs)
+
+        return requesting
+
+    return wrap
 
 
 def check_key(key: str) -> str:
@@ -108,10 +126,32 @@ class ObjectStore(ABC):
     def __init__(self) -> None:
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
+        #: Told of every request made with :meth:`request`: ``(op, exception or None,
+        #: seconds)``; the store's metrics (``store/metrics.py``) set it.
+        self.observer: Callable[[str, BaseException | None, float], None] | None = None
 
     def _count(self, op: str) -> None:
         with self._count_lock:
             self.requests[op] += 1
+
+    @contextmanager
+    def request(self, op: str) -> Iterator[None]:
+        """One request to the backend: counted in ``requests`` and, when an ``observer`` is
+        set, timed and told how it ended (the store's exception, as the backend raised it)."""
+        self._count(op)
+        observer = self.observer
+        if observer is None:
+            yield
+            return
+        started = time.perf_counter()
+        failed: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            observer(op, failed, time.perf_counter() - started)
 
     @abstractmethod
     def put_if_absent(

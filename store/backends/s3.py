@@ -9,7 +9,7 @@ import os
 import threading
 from dataclasses import dataclass
 from http.client import HTTPException
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 from urllib.parse import parse_qs, unquote, urlparse
 
 from store.errors import (
@@ -20,6 +20,8 @@ from store.errors import (
     ObjectNotFoundError,
 )
 from store.backends.object_store import ObjectInfo, ObjectStore, StoredObject, check_key
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,27 +131,22 @@ class S3ObjectStore(ObjectStore):
         self, key: str, data: bytes, metadata: Mapping[str, str] | None = None
     ) -> None:
         check_key(key)
-        self._count("put")
-        try:
-            self.client.put_object(
-                Bucket=self.bucket,
-                Key=key,
-                Body=data,
-                IfNoneMatch="*",
-                Metadata=dict(metadata or {}),
-                ContentType="application/x-ndjson",
-                **self._sse_args(),
-            )
-        except Exception as exc:
-            raise _s3_error(exc, key, writing=True) from exc
+        self._send("put", key, lambda: self.client.put_object(
+            Bucket=self.bucket,
+            Key=key,
+            Body=data,
+            IfNoneMatch="*",
+            Metadata=dict(metadata or {}),
+            ContentType="application/x-ndjson",
+            **self._sse_args(),
+        ), writing=True)
 
     def get(self, key: str) -> StoredObject:
-        self._count("get")
-        try:
+        def fetch() -> tuple[dict[str, Any], bytes]:
             resp = self.client.get_object(Bucket=self.bucket, Key=key)
-            data = resp["Body"].read()
-        except Exception as exc:
-            raise _s3_error(exc, key) from exc
+            return resp, resp["Body"].read()
+
+        resp, data = self._send("get", key, fetch)
         modified = resp.get("LastModified")
         return StoredObject(
             key,
@@ -160,14 +157,10 @@ class S3ObjectStore(ObjectStore):
         )
 
     def head(self, key: str) -> ObjectInfo | None:
-        self._count("head")
         try:
-            resp = self.client.head_object(Bucket=self.bucket, Key=key)
-        except Exception as exc:
-            err = _s3_error(exc, key)
-            if isinstance(err, ObjectNotFoundError):
-                return None
-            raise err from exc
+            resp = self._send("head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=key))
+        except ObjectNotFoundError:
+            return None
         return ObjectInfo(key, int(resp.get("ContentLength", 0)))
 
     def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
@@ -211,11 +204,7 @@ class S3ObjectStore(ObjectStore):
             args["Delimiter"] = delimiter
         if max_keys or self._page_size:
             args["MaxKeys"] = max_keys or self._page_size
-        self._count("list")
-        try:
-            resp: dict[str, Any] = self.client.list_objects_v2(**args)
-        except Exception as exc:
-            raise _s3_error(exc, prefix) from exc
+        resp: dict[str, Any] = self._send("list", prefix, lambda: self.client.list_objects_v2(**args))
         return resp
 
     def _list_flat(self, prefix: str, resp: dict[str, Any]) -> Iterator[ObjectInfo]:
@@ -319,14 +308,10 @@ class S3ObjectStore(ObjectStore):
         return name > start_after if self._tree_listing else name + "/" > start_after + "/"
 
     def delete(self, key: str) -> None:
-        self._count("delete")
         try:
-            self.client.delete_object(Bucket=self.bucket, Key=key)
-        except Exception as exc:
-            err = _s3_error(exc, key)
-            if isinstance(err, ObjectNotFoundError):
-                return
-            raise err from exc
+            self._send("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=key))
+        except ObjectNotFoundError:
+            return
 
     def delete_if_unchanged(self, key: str, seen: StoredObject) -> bool:
         """DeleteObject with ``If-Match: <seen's ETag>``: 412 (another object, or none on
@@ -334,30 +319,31 @@ class S3ObjectStore(ObjectStore):
         check_key(key)
         if not seen.etag:
             raise InvalidInputError(f"no ETag for {key!r}: pass the object a get() of it returned")
-        self._count("delete")
         try:
-            self.client.delete_object(Bucket=self.bucket, Key=key, IfMatch=seen.etag)
-        except Exception as exc:
-            err = _s3_error(exc, key)
-            if isinstance(err, (ObjectExistsError, ObjectNotFoundError)):  # 412, 404
-                return False
-            raise err from exc
+            self._send("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=key, IfMatch=seen.etag))
+        except (ObjectExistsError, ObjectNotFoundError):  # 412, 404
+            return False
         return True
 
     def delete_many(self, keys: Sequence[str]) -> None:
         for i in range(0, len(keys), 1000):
             chunk = keys[i : i + 1000]
-            self._count("delete")
-            try:
-                resp = self.client.delete_objects(
-                    Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True},
-                )
-            except Exception as exc:
-                raise _s3_error(exc, chunk[0]) from exc
+            resp = self._send("delete", chunk[0], lambda: self.client.delete_objects(
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True},
+            ))
             errors = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
             if errors:
                 raise BackendUnavailableError(f"delete_objects failed for {errors[:3]!r}")
+
+    def _send(self, op: str, key: str, call: Callable[[], T], *, writing: bool = False) -> T:
+        """One request: counted and observed (``ObjectStore.request``), botocore's failures
+        translated (``_s3_error``)."""
+        with self.request(op):
+            try:
+                return call()
+            except Exception as exc:
+                raise _s3_error(exc, key, writing=writing) from exc
 
     def close(self) -> None:
         try:

@@ -11,6 +11,7 @@ from store.retry import DEFAULT_RETRY, RetryPolicy
 
 if TYPE_CHECKING:
     from store.formats.crypto import KeyProvider
+    from store.metrics import Metrics
 
 #: Pass as ``expected_tail_entry_id`` to require that the session has no entry yet.
 EMPTY_TAIL = ""
@@ -243,3 +244,6 @@ class StoreOptions:
     data_key_ttl_s: float = 300.0
     #: Called at named points of the protocols (tests inject crashes and faults here).
     fault_hook: FaultHook | None = field(default=None, compare=False)
+    #: Where the store's metrics go (``store/metrics.py``): None, the process's registry
+    #: (``prometheus_client.REGISTRY``) when prometheus_client is installed.
+    metrics: Metrics | None = field(default=None, compare=False)

@@ -1,0 +1,188 @@
+"""The store's metrics (``store/metrics.py``): each moves when its operation happens, with the
+outcome it had, on the real servers. Each test gives its store a registry of its own, so
+counts are exact."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import store.metrics as store_metrics
+from store import SessionStore
+from store.errors import BackendError, ConflictError
+from store.metrics import Metrics, NoMetrics, default_metrics
+
+
+def entry(eid: str, parent: str | None) -> dict[str, Any]:
+    return {"type": "message", "id": eid, "parentId": parent, "timestamp": "2026-11-29T10:00:00.000Z",
+            "message": {"role": "user", "content": f"content of {eid}"}}
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def metered(make_store: Callable[..., SessionStore]) -> tuple[SessionStore, CollectorRegistry]:
+    registry = CollectorRegistry()
+    return make_store(metrics=Metrics(registry)), registry
+
+
+def test_appends_are_timed_by_outcome_and_segments_counted(make_store: Callable[..., SessionStore]) -> None:
+    store, reg = metered(make_store)
+    store.create_session("m")
+    store.append_session_entries("m", [entry("a", None), entry("b", "a")])
+    store.append_session_entries("m", [entry("c", "b")], "b")
+    with pytest.raises(ConflictError):
+        store.append_session_entries("m", [entry("x", "a")], "a")
+    assert value(reg, "sessionstore_append_seconds_count", outcome="ok") == 2
+    assert value(reg, "sessionstore_append_seconds_count", outcome="conflict") == 1
+    assert value(reg, "sessionstore_append_seconds_count", outcome="indeterminate") == 0
+    # Two segments written, of 2 and 1 entries; the refused append wrote none.
+    assert value(reg, "sessionstore_segment_entries_count") == 2
+    assert value(reg, "sessionstore_segment_entries_sum") == 3
+    # A re-send of a committed batch is an ok append that writes no segment.
+    store.append_session_entries("m", [entry("c", "b")], "b")
+    assert value(reg, "sessionstore_append_seconds_count", outcome="ok") == 3
+    assert value(reg, "sessionstore_segment_entries_count") == 2
+
+
+def test_object_requests_and_redis_calls_are_counted_by_result(make_store: Callable[..., SessionStore]) -> None:
+    store, reg = metered(make_store)
+    puts_before = value(reg, "sessionstore_object_request_seconds_count", op="put", result="ok")
+    store.create_session("o")
+    store.append_session_entries("o", [entry("a", None)])
+    puts = value(reg, "sessionstore_object_request_seconds_count", op="put", result="ok") - puts_before
+    assert puts >= 2  # the header and the segment
+    # A create of a session that exists: its header's conditional PUT is refused.
+    with pytest.raises(Exception):
+        store.create_session("o")
+    assert value(reg, "sessionstore_object_request_seconds_count", op="put", result="exists") >= 1
+    store.read_session("o")
+    assert value(reg, "sessionstore_read_seconds_count", op="session") == 1
+    assert value(reg, "sessionstore_redis_call_seconds_count", result="ok") >= 2
+    # Every request the backend made was observed, once.
+    observed = sum(s.value for m in reg.collect() if m.name == "sessionstore_object_request_seconds"
+                   for s in m.samples if s.name.endswith("_count"))
+    assert observed == sum(store.objects.requests.values())
+
+
+def test_a_redis_outage_is_counted_as_unavailable(
+    make_store: Callable[..., SessionStore], redis_server_factory: Callable[..., Any], s3_url: str,
+) -> None:
+    server = redis_server_factory()
+    registry = CollectorRegistry()
+    store = SessionStore.from_url(s3_url, server.url, metrics=Metrics(registry),
+                                  redis_socket_timeout=0.5)
+    try:
+        store.create_session("r")
+        server.stop()
+        with pytest.raises(BackendError):
+            store.append_session_entries("r", [entry("a", None)])
+        assert value(registry, "sessionstore_redis_call_seconds_count", result="unavailable") >= 1
+        assert value(registry, "sessionstore_append_seconds_count", outcome="error") == 1
+    finally:
+        store.close()
+
+
+def test_without_prometheus_client_metrics_are_a_no_op(monkeypatch: pytest.MonkeyPatch,
+                                                       make_store: Callable[..., SessionStore]) -> None:
+    monkeypatch.setattr(store_metrics, "_default", None)
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    metrics = default_metrics()
+    assert isinstance(metrics, NoMetrics)
+    store = make_store(metrics=metrics)
+    store.create_session("n")
+    store.append_session_entries("n", [entry("a", None)])  # nothing to observe, nothing fails
+    assert store.objects.observer is None and store.coord.observer is None
+    body, ctype = metrics.exposition()
+    assert b"not installed" in body and ctype == "text/plain"
+
+
+def test_the_default_registry_is_the_process_one() -> None:
+    from prometheus_client import REGISTRY
+
+    metrics = default_metrics()
+    assert metrics is default_metrics() and metrics.registry is REGISTRY
+    body, ctype = metrics.exposition()
+    assert b"sessionstore_append_seconds" in body and ctype.startswith("text/plain; version=")
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``url``'s Prometheus exposition, parsed: (sample name, sorted labels) -> value."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_compactor_worker_serves_its_metrics(
+    make_store: Callable[..., SessionStore], s3_url: str, redis_url: str, redis_prefix: str, tmp_path: Any,
+) -> None:
+    """``python -m compactor work --metrics-port``: the queue's backlog while a job waits, the
+    job done once the worker took it, and the worker's own object-store requests."""
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    writer = make_store(compact_after_segments=2)
+    writer.create_session("w")
+    writer.append_session_entries("w", [entry("a", None)])
+    writer.append_session_entries("w", [entry("b", "a")])  # a compaction job is queued
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "worker.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "compactor", "work", "--objects", s3_url, "--redis", redis_url,
+         "--redis-prefix", redis_prefix, "--grace", "0", "--block", "0.2", "--metrics-port", str(port)],
+        cwd=Path(__file__).resolve().parent.parent, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 60
+        got: dict[Any, float] = {}
+        while time.monotonic() < deadline:  # synchronisation, not a timing assertion
+            assert proc.poll() is None, (tmp_path / "worker.log").read_text()
+            try:
+                got = scrape(url)
+            except OSError:
+                got = {}
+            if got.get(("sessionstore_compactor_jobs_total", (("outcome", "done"),)), 0) >= 1:
+                break
+            time.sleep(0.1)
+        assert got.get(("sessionstore_compactor_jobs_total", (("outcome", "done"),))) == 1, got
+        assert got[("sessionstore_compactor_redis_up", ())] == 1
+        assert ("sessionstore_compaction_queue_jobs", ()) in got
+        assert ("sessionstore_compaction_oldest_job_age_seconds", ()) in got
+        # The worker's own requests: it read the segments and wrote a base.
+        puts = got.get(("sessionstore_object_request_seconds_count", (("op", "put"), ("result", "ok"))), 0)
+        assert puts >= 1, got
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def test_the_queue_backlog_counts_jobs_and_dates_the_oldest(make_store: Callable[..., SessionStore]) -> None:
+    from compactor.worker import WorkerOptions
+    from coordination.jobs import JobQueue
+
+    store = make_store(compact_after_segments=2)
+    queue = JobQueue(store.coord, group=WorkerOptions().group, consumer="c")
+    assert queue.backlog() == (0, None)
+    before_ms = int(time.time() * 1000)
+    for sid in ("q1", "q2"):
+        store.create_session(sid)
+        store.append_session_entries(sid, [entry("a", None)])
+        store.append_session_entries(sid, [entry("b", "a")])
+    length, oldest = queue.backlog()
+    assert length == 2 and oldest is not None and oldest >= before_ms - 1000
