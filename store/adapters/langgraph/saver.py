@@ -29,8 +29,6 @@ import contextlib
 import functools
 import random
 import threading
-import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -49,10 +47,8 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 
-from store import EMPTY_TAIL, AppendResult, SessionFilter, SessionStore
+from store import SessionStore
 from store.adapters.langgraph.records import (
-    DROP_TYPE,
-    HEADER_KEY,
     THREAD_TYPE,
     StoredCheckpoint,
     ThreadFold,
@@ -60,30 +56,16 @@ from store.adapters.langgraph.records import (
     checkpoint_entry,
     custom,
     digest_id,
-    run_entry,
     version_key,
     writes_entry,
 )
-from store.adapters.names import session_id_for
-from store.clock import iso_now
-from store.errors import (
-    ConflictError,
-    ContentionError,
-    IdCollisionError,
-    IndeterminateError,
-    InvalidInputError,
-    SessionExistsError,
-    SessionNotFoundError,
-    WriteRefusedError,
-)
+from store.adapters.langgraph.threads import Threads, sliding, thread_key
+from store.errors import ConflictError, InvalidInputError, SessionNotFoundError, WriteRefusedError
 
 T = TypeVar("T")
 
 #: Sources that continue a thread: at most one such child per checkpoint.
 GUARDED_SOURCES = frozenset({"input", "loop"})
-#: Rounds of compare-and-set lost to other writers before ``ContentionError``.
-CAS_ROUNDS = 64
-_LOCK_STRIPES = 64
 
 
 class CheckpointForkError(ConflictError):
@@ -155,16 +137,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         self.namespace = namespace
         self.ttl_ms = ttl_ms
         self._owns = owns_store
-        self._cwd = f"langgraph:{namespace}"
-        self._cached = cached_threads
+        self.threads = Threads(store, namespace, ttl_ms=ttl_ms, cached=cached_threads)
         self._max_workers = max_workers
-        self._folds: OrderedDict[str, ThreadFold] = OrderedDict()
-        self._folds_lock = threading.Lock()
-        self._locks = [threading.RLock() for _ in range(_LOCK_STRIPES)]
-        self._runs_sid = session_id_for("langgraph", "runs", namespace=namespace)
-        self._runs_written: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self._runs_lock = threading.Lock()
-        self._runs_fold: tuple[str | None, int, dict[str, set[str]]] = (None, 0, {})
+        self._pool_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
 
@@ -210,15 +185,15 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
 
     def thread_session_id(self, thread_id: object) -> str:
         """The store session holding ``thread_id`` (``store.adapters.names``)."""
-        return session_id_for("langgraph", "thread", _thread(thread_id), namespace=self.namespace)
+        return self.threads.session_id(thread_id)
 
     # --- reads -------------------------------------------------------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id, ns, checkpoint_id = _where(config)
         sid = self.thread_session_id(thread_id)
-        with self._lock(sid):
-            fold = self._refresh(sid)
+        with self.threads.lock(sid):
+            fold = self.threads.refresh(sid)
             if fold is None:
                 return None
             stored = fold.checkpoints.get(ns, {}).get(checkpoint_id) if checkpoint_id else fold.latest(ns)
@@ -239,12 +214,12 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             threads: Any = [(self.thread_session_id(thread_id), thread_id)]
             ns_only = config["configurable"].get("checkpoint_ns")
         else:
-            threads, ns_only, checkpoint_id = self._every_thread(), None, None
+            threads, ns_only, checkpoint_id = ((sid, None) for sid in self.threads.every_thread()), None, None
         before_id = get_checkpoint_id(before) if before else None
         left = limit
         for sid, thread_id in threads:
-            with self._lock(sid):
-                fold = self._refresh(sid)
+            with self.threads.lock(sid):
+                fold = self.threads.refresh(sid)
                 if fold is None:
                     continue
                 shown = thread_id if thread_id is not None else fold.thread_id
@@ -268,10 +243,6 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             yield from found
             if left == 0:
                 return
-
-    def _every_thread(self) -> Iterator[tuple[str, str | None]]:
-        for info in self.store.iter_sessions(filters=SessionFilter(cwd=self._cwd)):
-            yield info.session_id, None
 
     def _tuple(self, thread_id: Any, fold: ThreadFold, stored: StoredCheckpoint) -> CheckpointTuple:
         checkpoint = self.serde.loads_typed(stored.checkpoint)
@@ -322,7 +293,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                                  self.serde.dumps_typed(meta), source, run_id)
         sid = self.thread_session_id(thread_id)
         if run_id is not None:
-            self._record_run(run_id, _thread(thread_id))
+            self.threads.record_run(run_id, thread_key(thread_id))
 
         def build(fold: ThreadFold) -> list[dict[str, Any]]:
             if entry["id"] in fold.ids:
@@ -330,11 +301,11 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             if parent_id is not None and source in GUARDED_SOURCES:
                 children = fold.children.get((ns, parent_id), set()) - {cid}
                 if children:
-                    raise CheckpointForkError(sid, _thread(thread_id), ns, parent_id, sorted(children),
+                    raise CheckpointForkError(sid, thread_key(thread_id), ns, parent_id, sorted(children),
                                               str(source), fold.last)
             return [b for b in blobs if b["id"] not in fold.ids] + [entry]
 
-        self._append(sid, _thread(thread_id), build)
+        self.threads.append(sid, thread_key(thread_id), build)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}}
 
     def put_writes(
@@ -359,15 +330,15 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 return []
             return [entry]
 
-        self._append(self.thread_session_id(thread_id), _thread(thread_id), build)
+        self.threads.append(self.thread_session_id(thread_id), thread_key(thread_id), build)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's store session: every namespace, checkpoint and write of it."""
         sid = self.thread_session_id(thread_id)
-        with self._lock(sid):
+        with self.threads.lock(sid):
             with contextlib.suppress(SessionNotFoundError):
                 self.store.delete_session(sid)
-            self._forget(sid)
+            self.threads.forget(sid)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """A fork of the source's store session at its tail: nothing is copied, the target
@@ -376,19 +347,19 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         checkpoint copies nothing."""
         source = self.thread_session_id(source_thread_id)
         target = self.thread_session_id(target_thread_id)
-        with self._lock(source):
-            fold = self._refresh(source)
+        with self.threads.lock(source):
+            fold = self.threads.refresh(source)
             tail = fold.last if fold is not None else ""
         if not tail:
             return
         self.store.branch_from_entry(source, tail, target)
         if self.ttl_ms is not None:
-            self.store.set_retention(target, _sliding(self.ttl_ms))
-        record = custom(THREAD_TYPE, digest_id("t", _thread(target_thread_id)), {"thread": _thread(target_thread_id)})
+            self.store.set_retention(target, sliding(self.ttl_ms))
+        record = custom(THREAD_TYPE, digest_id("t", thread_key(target_thread_id)), {"thread": thread_key(target_thread_id)})
         record["parentId"] = tail
         # Straight after the fork point: no read of what the fork inherits.
         with contextlib.suppress(ConflictError):
-            self._send(target, [record], tail)
+            self.threads.send(target, [record], tail)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: every checkpoint but the newest of each namespace is dropped (one
@@ -405,7 +376,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 return [stored.entry_id for checkpoints in fold.checkpoints.values()
                         for cid, stored in checkpoints.items() if cid != max(checkpoints)]
 
-            self._drop(thread_id, older)
+            self.threads.drop(thread_id, older)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Drop every checkpoint (and its writes) whose metadata ``run_id`` is one of
@@ -413,8 +384,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         runs = {str(run) for run in run_ids}
         if not runs:
             return
-        for thread_id in sorted(self._threads_of(runs)):
-            self._drop(thread_id, lambda fold: [s.entry_id for s in fold.by_entry.values() if s.run_id in runs])
+        for thread_id in sorted(self.threads.threads_of(runs)):
+            self.threads.drop(thread_id, lambda fold: [s.entry_id for s in fold.by_entry.values() if s.run_id in runs])
 
     def get_next_version(self, current: str | None, channel: None = None) -> str:  # type: ignore[override]
         """``InMemorySaver``'s versions: a counter and a random part, so two branches that
@@ -478,154 +449,17 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         if self._closed:
             raise InvalidInputError("the saver is closed")
         if self._pool is None:
-            with self._folds_lock:
+            with self._pool_lock:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="sessionstore-langgraph")
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
-
-    # --- the store ---------------------------------------------------------------------------
-
-    def _lock(self, sid: str) -> threading.RLock:
-        # Writes of this process to one thread go one at a time (they would only refuse each
-        # other); other processes are ordered by the store's compare-and-set.
-        return self._locks[hash(sid) % _LOCK_STRIPES]  # type: ignore[return-value]
-
-    def _refresh(self, sid: str) -> ThreadFold | None:
-        """The thread's fold, brought up to date by reading only the segments it lacks; None
-        when the thread has no store session (or it is in the trash). Under the sid's lock."""
-        with self._folds_lock:
-            fold = self._folds.get(sid)
-        try:
-            changes = self.store.read_since(
-                sid, incarnation=fold.incarnation if fold else None, after_seq=fold.seq if fold else 0
-            )
-        except SessionNotFoundError:
-            self._forget(sid)
-            return None
-        if fold is None or changes.whole:
-            fold = ThreadFold(changes.header.incarnation)
-            named = (changes.header.pi_header or {}).get(HEADER_KEY) or {}
-            fold.thread_id = named.get("thread")
-        fold.apply(changes.entries)
-        fold.seq = changes.seq
-        with self._folds_lock:
-            self._folds[sid] = fold
-            self._folds.move_to_end(sid)
-            while len(self._folds) > self._cached:
-                self._folds.popitem(last=False)
-        return fold
-
-    def _forget(self, sid: str) -> None:
-        with self._folds_lock:
-            self._folds.pop(sid, None)
-
-    def _append(
-        self, sid: str, thread_id: str, build: Callable[[ThreadFold], list[dict[str, Any]]], *,
-        create: bool = True,
-    ) -> None:
-        """Read what is new, ``build`` the batch from it (which may refuse), and append it
-        after exactly the tail it was built from; a lost compare-and-set starts over."""
-        with self._lock(sid):
-            for _ in range(CAS_ROUNDS):
-                fold = self._refresh(sid)
-                if fold is None:
-                    if not create:
-                        return
-                    self._create(sid, thread_id)
-                    continue
-                entries = build(fold)
-                if not entries:
-                    return
-                parent: str | None = fold.last or None
-                for entry in entries:
-                    entry["parentId"] = parent
-                    parent = entry["id"]
-                try:
-                    result = self._send(sid, entries, fold.last or EMPTY_TAIL)
-                except (ConflictError, IdCollisionError, SessionNotFoundError):
-                    continue  # moved (or deleted) meanwhile: read again, check again
-                if result.seq == fold.seq + 1 and result.segment_entries == len(entries):
-                    fold.apply(entries)  # the segment is this batch alone: the fold is current
-                    fold.seq = result.seq
-                return
-        raise ContentionError(f"thread session {sid!r}: {CAS_ROUNDS} rounds lost to other writers")
-
-    def _send(self, sid: str, entries: list[dict[str, Any]], expected: str | None) -> AppendResult:
-        """One batch; an unknown outcome is answered by sending the same batch again."""
-        for attempt in range(6):
-            try:
-                return self.store.append_session_entries(sid, entries, expected)
-            except IndeterminateError:
-                if attempt == 5:
-                    raise
-                time.sleep(min(0.05 * 2**attempt, 1.0) * random.uniform(0.5, 1.0))
-        raise AssertionError("unreachable")
-
-    def _create(self, sid: str, thread_id: str, *, cwd: str | None = None) -> None:
-        pi_header = {"type": "session", "version": 3, "id": sid, "timestamp": iso_now(),
-                     "cwd": cwd or self._cwd, HEADER_KEY: {"thread": thread_id, "namespace": self.namespace}}
-        retention = _sliding(self.ttl_ms) if self.ttl_ms is not None and cwd is None else None
-        with contextlib.suppress(SessionExistsError):
-            self.store.create_session(sid, cwd=cwd or self._cwd, pi_header=pi_header, retention=retention)
-
-    def _drop(self, thread_id: str, which: Callable[[ThreadFold], list[str]]) -> None:
-        def build(fold: ThreadFold) -> list[dict[str, Any]]:
-            dropped = which(fold)
-            return [custom(DROP_TYPE, digest_id("d", dropped), {"entries": dropped})] if dropped else []
-
-        self._append(self.thread_session_id(thread_id), _thread(thread_id), build, create=False)
-
-    # --- the run index -----------------------------------------------------------------------
-
-    def _record_run(self, run_id: str, thread_id: str) -> None:
-        """Name the thread in the run index before the run's first checkpoint in it, so a
-        writer that dies in between leaves an extra name, never a missing one."""
-        key = (run_id, thread_id)
-        with self._runs_lock:
-            if key in self._runs_written:
-                return
-        entry = run_entry(run_id, thread_id)
-        for _ in range(2):
-            try:
-                self._send(self._runs_sid, [entry], None)
-                break
-            except IdCollisionError:
-                break  # named before, by another writer (the record differs by its timestamp)
-            except SessionNotFoundError:
-                self._create(self._runs_sid, "", cwd=f"langgraph-runs:{self.namespace}")
-        with self._runs_lock:
-            self._runs_written[key] = None
-            while len(self._runs_written) > 4096:
-                self._runs_written.popitem(last=False)
-
-    def _threads_of(self, runs: set[str]) -> set[str]:
-        with self._runs_lock:
-            incarnation, seq, index = self._runs_fold
-            try:
-                changes = self.store.read_since(self._runs_sid, incarnation=incarnation, after_seq=seq)
-            except SessionNotFoundError:
-                return set()
-            if changes.whole:
-                index = {}
-            for entry in changes.entries:
-                data = entry.get("data") or {}
-                if isinstance(data.get("run"), str) and isinstance(data.get("thread"), str):
-                    index.setdefault(data["run"], set()).add(data["thread"])
-            self._runs_fold = (changes.header.incarnation, changes.seq, index)
-            return set().union(*(index.get(run, set()) for run in runs))
-
-
-def _thread(thread_id: object) -> str:
-    if thread_id is None or thread_id == "":
-        raise InvalidInputError("a LangGraph config needs configurable.thread_id")
-    return str(thread_id)
 
 
 def _where(config: RunnableConfig) -> tuple[Any, str, str | None]:
     """(thread id, namespace, checkpoint id) of a config."""
     configurable = (config or {}).get("configurable") or {}
     thread_id = configurable.get("thread_id")
-    _thread(thread_id)
+    thread_key(thread_id)
     ns = configurable.get("checkpoint_ns") or ""
     if not isinstance(ns, str):
         raise InvalidInputError("checkpoint_ns must be a string")
@@ -635,12 +469,6 @@ def _where(config: RunnableConfig) -> tuple[Any, str, str | None]:
 
 def _matches(metadata: dict[str, Any], wanted: dict[str, Any]) -> bool:
     return all(metadata.get(key) == value for key, value in wanted.items())
-
-
-def _sliding(ttl_ms: int) -> Any:
-    from store.retention import Retention
-
-    return Retention.sliding(ttl_ms)
 
 
 __all__ = ["GUARDED_SOURCES", "CheckpointForkError", "SessionStoreSaver"]
