@@ -27,6 +27,10 @@ PINNED = [
      "cc.45b77158f42d7947ddff._26ab5047a996701ad736e7d6.f0451e2556d17846870f"),
     (("claude-agent-sdk", "-work-x"), "tenant:t1", "cc.a6779d2eb988b99ac802"),
     (("claude-agent-sdk", "p", "s", "x"), "tenant:t1", "cc.ca96d38511a54b50f192.s.82eb5f36d44e01d4c0a8"),
+    (("langgraph", "thread", "t-1"), "", "lg.thread.6f355b8af54020282ff92e87ebccef43"),
+    (("langgraph", "thread", "t-1"), "prod", "lg.thread.67d2eaaa79c6abe8b796b37ccfe05aa4"),
+    (("langgraph", "thread", "é/ü"), "", "lg.thread.59c903c74ac61498daf325c966bb2031"),
+    (("langgraph", "runs"), "", "lg.runs.8d0baa3e2b974c4855d3b73215b0993b"),
 ]
 
 
@@ -62,6 +66,10 @@ def test_the_adapters_name_through_it() -> None:
     (("claude-agent-sdk", "p", "s", ""), ""),
     (("openai-agents", "a", "b"), ""),
     (("google-adk", "s", "app", 3), "adk"),
+    (("langgraph", "thread", ""), ""),
+    (("langgraph", "thread"), ""),
+    (("langgraph", "runs", "x"), ""),
+    (("langgraph", "checkpoint", "x"), ""),
 ])
 def test_names_an_adapter_cannot_map_are_refused(call: tuple[object, ...], namespace: str) -> None:
     with pytest.raises(InvalidInputError):

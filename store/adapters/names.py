@@ -13,6 +13,7 @@ below are kept byte for byte (``tests/test_adapter_names.py`` pins them).
 | ``strands`` | ``(session_id,)`` | the id itself (Strands' ids must be valid store ids) |
 | ``google-adk`` | ``(kind, app_name[, user_id[, session_id]])`` | ``<namespace>-<kind>-`` + 40 hex of SHA-256(JSON ``[kind, *names]``) |
 | ``claude-agent-sdk`` | ``(project_key[, session_id[, subpath]])`` | ``cc.<P>[.<S>[.<U>]]``: ``P`` 10-byte blake2b of ``namespace NUL project_key`` (of ``project_key`` alone without a namespace), ``S`` the session id when it is a token of at most 64 characters else ``_`` + 12-byte blake2b, ``U`` 10-byte blake2b of the subpath |
+| ``langgraph`` | ``("thread", thread_id)`` or ``("runs",)`` | ``lg.<kind>.`` + 16-byte blake2b of JSON ``[namespace, kind, *names]`` |
 
 The digests are not secrets: whoever knows a framework's names can compute the id (the
 store's keyed stream ids are for streams only: ``store.formats.layout.stream_session_id``).
@@ -87,12 +88,26 @@ def _claude(namespace: str, names: tuple[str, ...]) -> str:
     return check_session_id(name)
 
 
+_LANGGRAPH_KINDS = {"thread": 1, "runs": 0}
+
+
+def _langgraph(namespace: str, names: tuple[str, ...]) -> str:
+    kind, *rest = names
+    if _LANGGRAPH_KINDS.get(kind) != len(rest):
+        raise InvalidInputError(f"langgraph names are ('thread', thread_id) or ('runs',), not {names!r}")
+    for name in rest:
+        _nonempty("thread_id", name)
+    # ensure_ascii (json's default): the same bytes whatever the names' characters
+    return f"lg.{kind}." + digest(json.dumps([namespace, kind, *rest]), scheme="blake2b", size=16)
+
+
 #: Each adapter's scheme (the table in the module's docstring).
 ADAPTERS: dict[str, Callable[[str, tuple[str, ...]], str]] = {
     "openai-agents": _openai,
     "strands": _strands,
     "google-adk": _adk,
     "claude-agent-sdk": _claude,
+    "langgraph": _langgraph,
 }
 
 
