@@ -26,6 +26,8 @@ if TYPE_CHECKING:
         TailInfo,
     )
     from store.model.session import Session
+    from store.lifecycle.retention import Retention
+    from store.metrics import Metrics
 
 _LAZY = {
     "AsyncSessionStore": "store.aio",
@@ -45,6 +47,8 @@ _LAZY = {
     "EMPTY_TAIL": "store.formats.records",
     "SessionPage": "store.protocol.listing",
     "SessionFilter": "store.protocol.listing",
+    "Retention": "store.lifecycle.retention",
+    "Metrics": "store.metrics",
 }
 
 __all__ = sorted(_LAZY)

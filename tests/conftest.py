@@ -154,6 +154,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "every_backend: this test runs on every S3 backend of the run, as the modules of "
+        "EVERY_BACKEND do (a conformance suite, a protocol test in a module of feature tests)",
+    )
+    config.addinivalue_line(
+        "markers",
         "empty_prefix: the test's S3 prefix starts empty (no probe verdict recorded in it): "
         "for tests of the object store itself and of the probe",
     )
@@ -169,7 +174,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "s3_backend" not in metafunc.fixturenames:
         return
     selected = selected_s3_backends()
-    one = metafunc.module.__name__.rpartition(".")[2] not in EVERY_BACKEND and not _every_backend()
+    one = (metafunc.module.__name__.rpartition(".")[2] not in EVERY_BACKEND and not _every_backend()
+           and metafunc.definition.get_closest_marker("every_backend") is None)
     marker = metafunc.definition.get_closest_marker("s3_backends")
     if marker is None:
         params = [pytest.param(backend, id=backend) for backend in selected[: 1 if one else None]]

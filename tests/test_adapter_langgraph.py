@@ -31,7 +31,7 @@ from store.adapters.langgraph import (
     CheckpointForkError,
     SessionStoreSaver,
 )
-from store.embedded import EmbeddedRedis
+from store.backends.embedded import EmbeddedRedis
 from store.errors import ConflictError, InvalidInputError, SessionExistsError
 from harness.pausing import InThread, Pause
 
@@ -95,6 +95,7 @@ async def _conformance(store: SessionStore) -> None:
     assert (base, extended) == (58, 23)  # every case of 0.0.2
 
 
+@pytest.mark.every_backend
 def test_conformance_on_s3_and_redis(s3_url: str, redis_url: str, redis_prefix: str) -> None:
     store = SessionStore.from_url(s3_url, redis_url, redis_prefix=redis_prefix)
     try:
@@ -222,6 +223,7 @@ def _racer(s3_url: str, redis_url: str, redis_prefix: str, me: int, barrier: Any
     conn.close()
 
 
+@pytest.mark.every_backend
 @pytest.mark.long
 def test_two_processes_continuing_one_checkpoint_at_once_never_fork_it(
     s3_url: str, redis_url: str, redis_prefix: str

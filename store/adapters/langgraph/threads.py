@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from store import EMPTY_TAIL, AppendResult, SessionFilter, SessionStore
+from store import EMPTY_TAIL, AppendResult, Retention, SessionFilter, SessionStore
 from store.adapters.langgraph.records import (
     DROP_TYPE,
     HEADER_KEY,
@@ -211,9 +211,7 @@ def thread_key(thread_id: object) -> str:
     return str(thread_id)
 
 
-def sliding(ttl_ms: int) -> Any:
-    from store.retention import Retention
-
+def sliding(ttl_ms: int) -> Retention:
     return Retention.sliding(ttl_ms)
 
 
