@@ -30,7 +30,10 @@ from store import SessionStore
 DURATION_S = 30.0
 SESSIONS = ["soak-a", "soak-b", "soak-c"]
 COMPACT_AFTER = 8
-GRACE_S = 4.0
+# Short enough that GC deletes while the readers read; long enough that a compaction on a
+# loaded machine finishes within half of it (a slower one is withdrawn and retried, by design,
+# and five such retries park the job: with 4 s, a fully loaded two-core machine parked one).
+GRACE_S = 8.0
 
 
 def _digest(ids: list[str]) -> str:
@@ -185,7 +188,7 @@ def test_soak_three_compactors_four_writers_two_readers(
     report = check_history(store, ops)
     assert report.problems == []
     assert report.errors == []
-    assert report.acknowledged > 200
+    assert report.acknowledged > 100  # a soak with a history to check, even on a loaded machine
 
     # The readers: never failed, every read a prefix of the final session holding every
     # append acknowledged before it began.
