@@ -128,7 +128,8 @@ class StreamService:
             routes=[
                 Route(STREAM_ROOT + "{name:path}", self.handle, methods=methods),
                 Route(SESSIONS_ROOT, self._guarded(self.sessions.list), methods=["GET", "OPTIONS"]),
-                Route(SESSIONS_ROOT + "/{rest:path}", self._guarded(self.sessions.action), methods=methods),
+                Route(SESSIONS_ROOT + "/{rest:path}", self._guarded(self.sessions.action),
+                      methods=["GET", "PUT", "POST", "OPTIONS"]),
                 Route(CLAUDE_ROOT + "/{method}", self._guarded(self.claude.handle), methods=["POST", "OPTIONS"]),
                 Route("/healthz", self.health, methods=["GET"]),
             ],
