@@ -106,7 +106,7 @@ def scope_needed(rule: Rule) -> str:
 def refusal(grant: Grant, rule: Rule) -> str | None:
     """Why ``grant`` may not use a route of ``rule`` (None: it may). Names the scope needed,
     never the token."""
-    if rule.action == PUBLIC or rule.action == READ and rule.named:
+    if rule.action == PUBLIC or (rule.action == READ and rule.named):
         return None
     if not rule.named and grant.prefix is not None:
         return "a token with a name prefix cannot use this route (its keys are no names)"
