@@ -24,7 +24,7 @@ from harness.serve_process import cli, server_env
 from starlette.routing import Route
 
 from store.errors import InvalidInputError
-from store.http.access import ROUTES, route_class
+from store.http.access import ADMIN, DELETE, READ, ROUTES, Rule, refusal, route_class
 from store.http.app import StreamService
 from store.http.auth import Grant, TokenFile, Tokens
 from store.http.limits import Bucket, Limiter, TenantLimits
@@ -334,6 +334,14 @@ def test_the_file_forms_and_what_each_grants(tmp_path: Path) -> None:
     assert not Grant("acme", prefix="acme/bots/").may_access("acme/other")
     assert Grant("*").may_access("beta/x") and not Grant("*", prefix="beta/").may_access("acme/x")
     assert not Grant("*", prefix="beta/").sees_all and Grant("*").sees_all
+    # What each scope may do; admin (no route needs it yet) is the operator's write token's.
+    assert refusal(Grant("acme", "read"), Rule(READ)) is None
+    assert "write" in (refusal(Grant("acme", "read"), Rule(DELETE)) or "")
+    assert refusal(Grant("acme"), Rule(DELETE)) is None
+    assert refusal(Grant("*"), Rule(ADMIN)) is None
+    for grant in (Grant("acme"), Grant("*", "read"), Grant("*", prefix="beta/")):
+        assert refusal(grant, Rule(ADMIN)) is not None, grant
+    assert refusal(Grant("acme", prefix="acme/x/"), Rule(READ, named=False)) is not None
     limiter = Limiter(TenantLimits(requests_per_s=1, followers=3))
     assert limiter.limits_of("acme", tokens.limits) == TenantLimits(requests_per_s=5, followers=None)
     assert limiter.limits_of("beta", tokens.limits) == TenantLimits(requests_per_s=1, followers=3)
@@ -491,7 +499,8 @@ def test_a_tenant_over_its_byte_rate_gets_429_for_the_next_body(serve, tokens_pa
         assert "byte rate" in problem["detail"]
         assert int(r.headers["retry-after"]) in (2, 3)  # about 6,000 bytes of debt at 2,000 a second
         # Reads go on, and another tenant's bodies.
-        assert c.get(url + ROOT + "acme/s", params={"offset": "-1"}, headers=bearer(ACME_W)).content == b"a" + b"x" * 8000
+        r = c.get(url + ROOT + "acme/s", params={"offset": "-1"}, headers=bearer(ACME_W))
+        assert r.content == b"a" + b"x" * 8000
         assert c.post(url + ROOT + "beta/s", headers=bearer(BETA_W, **TEXT), content=b"z" * 1000).status_code == 204
 
 

@@ -250,7 +250,8 @@ def _parse_item(item: Any, tenant: str, where: str) -> tuple[bytes, Grant]:
         raise InvalidInputError(f"{where}: a token is a string or an object, not {type(item).__name__}")
     unknown = sorted(set(item) - _ITEM_KEYS)
     if unknown:
-        raise InvalidInputError(f"{where}: unknown key {unknown[0]!r} of a token (known: {', '.join(sorted(_ITEM_KEYS))})")
+        known = ", ".join(sorted(_ITEM_KEYS))
+        raise InvalidInputError(f"{where}: unknown key {unknown[0]!r} of a token (known: {known})")
     if ("token" in item) == ("sha256" in item):
         raise InvalidInputError(f'{where}: a token object has either "token" or "sha256"')
     if "token" in item:

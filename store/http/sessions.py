@@ -87,11 +87,11 @@ class SessionRoutes:
 
         A tenant's cursor may name nothing but the sessions its token reaches (its tenant's,
         within the token's prefix if it has one): the cursor is the last session of the page,
-        and a page whose last listed session is another tenant's would give it away (their ids are unkeyed hashes of their names, so a name can be
-        confirmed offline). So a tenant's page is the first ``limit`` of its own sessions
-        (those the filters keep) after the cursor, and ``next`` is the last of them: the
-        store's listing is walked, in pages growing to 1,000, until they are found or it
-        ends. Every own session after the cursor and up to ``next`` is on the page, and what
+        and a page whose last listed session is another tenant's would give it away (their
+        ids are unkeyed hashes of their names, so a name can be confirmed offline). So a
+        tenant's page is the first ``limit`` of its own sessions (those the filters keep)
+        after the cursor, and ``next`` is the last of them: the store's listing is walked,
+        in pages growing to 1,000, until they are found or it ends. Every own session after the cursor and up to ``next`` is on the page, and what
         lies between ``next`` and the last session walked is another tenant's (or filtered
         out), so the next page, which walks it again, finds nothing of the tenant's there:
         each of a tenant's sessions is on exactly one page, as before. The price is in
