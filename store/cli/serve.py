@@ -25,8 +25,19 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sse-max", type=float, default=60.0, metavar="SECONDS",
                    help="how long one SSE response stays open; clients reconnect (default %(default)s)")
     p.add_argument("--tokens", metavar="FILE",
-                   help='bearer tokens per tenant, JSON {"tenants": {"acme": ["TOKEN", ...]}} '
-                        "(env SESSIONSTORE_TOKENS=acme:TOKEN,...); without tokens: loopback only")
+                   help='bearer tokens per tenant, JSON {"tenants": {"acme": ["TOKEN", ...]}}, read again '
+                        "when it changes (env SESSIONSTORE_TOKENS=acme:TOKEN,..., read once); without "
+                        "tokens: loopback only")
+    p.add_argument("--rate-limit", type=float, metavar="REQUESTS_PER_S",
+                   help="requests a second per tenant, over it 429 (default: none; the tokens file may "
+                        "set a tenant's own)")
+    p.add_argument("--byte-rate-limit", type=float, metavar="BYTES_PER_S",
+                   help="bytes of request bodies a second per tenant, over it 429 (default: none)")
+    p.add_argument("--max-followers", type=int, metavar="N",
+                   help="live reads (SSE, long-poll) open at once per tenant, more are 429 (default: none)")
+    p.add_argument("--access-log", nargs="?", const="-", metavar="FILE",
+                   help="one JSON line a request (tenant, route, status, bytes, ms; never a token or "
+                        "content) to FILE, or to stderr without one (default: off)")
     p.add_argument("--max-body", type=int, default=12 * 1024 * 1024, metavar="BYTES",
                    help="largest request body, on every route (default %(default)s; more is 413)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
@@ -55,14 +66,20 @@ def cmd_serve(args: argparse.Namespace, ctx: Ctx) -> int:
     except ImportError as exc:  # the http extra is not installed
         raise SystemExit(f"sessionstore serve needs the http extra: pip install 'sessionstore[http]' ({exc})")
     from store.http.auth import ENV_TOKENS, Tokens
+    from store.http.limits import TenantLimits
 
     host = args.host
     for name, value in (("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout),
                         ("--max-connections", args.max_connections), ("--max-body", args.max_body)):
         if not value > 0:
             raise InvalidInputError(f"{name} must be positive, not {value}")
+    limits = TenantLimits(requests_per_s=args.rate_limit, bytes_per_s=args.byte_rate_limit,
+                          followers=args.max_followers)
     tokens = Tokens.configured(args.tokens)
     if tokens is None:
+        if limits.any:
+            raise InvalidInputError("--rate-limit, --byte-rate-limit and --max-followers are per tenant: "
+                                    f"they need tokens (--tokens FILE or {ENV_TOKENS})")
         if not _loopback(host):
             raise InvalidInputError(
                 f"no tokens are configured (--tokens FILE or {ENV_TOKENS}): sessionstore serve "
@@ -71,13 +88,17 @@ def cmd_serve(args: argparse.Namespace, ctx: Ctx) -> int:
         err("no tokens configured: listening on loopback only; every local client may read "
             "and write every stream")
     else:
-        err(f"{len(tokens.by_digest)} token(s) configured: each reaches its tenant's streams only")
+        err(f"{len(tokens.grants)} token(s) configured: each reaches its tenant's streams only"
+            + (f" ({args.tokens} is read again when it changes)" if args.tokens else ""))
     service = StreamService(
         ctx.store,
         long_poll_s=args.long_poll_timeout,
         sse_max_s=args.sse_max,
         max_body=args.max_body,
-        tokens=tokens,
+        tokens=None if args.tokens else tokens,
+        tokens_file=args.tokens or None,
+        limits=limits,
+        access_log=args.access_log is not None,
         cors_origins=args.cors_origin,
         allowed_hosts=args.allowed_host,
         body_timeout_s=args.body_timeout,
@@ -85,9 +106,22 @@ def cmd_serve(args: argparse.Namespace, ctx: Ctx) -> int:
     limits = ServerLimits(header_timeout_s=args.header_timeout, max_connections=args.max_connections)
     err(f"serving Durable Streams at http://{host}:{args.port}/v1/stream/ (Ctrl-C to stop)")
     logging.basicConfig(level=logging.WARNING)
+    if args.access_log is not None:
+        _log_access_to(args.access_log)
     uvicorn.Server(server_config(service.app, host=host, port=args.port, limits=limits,
                                  timeout_graceful_shutdown=5)).run()
     return 0
+
+
+def _log_access_to(where: str) -> None:
+    """The access log's lines (``store/http/gate.py``), bare, to the file ``where`` (``-``:
+    stderr)."""
+    handler = logging.StreamHandler() if where == "-" else logging.FileHandler(where, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access = logging.getLogger("sessionstore.access")
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    access.propagate = False
 
 
 def _loopback(host: str) -> bool:

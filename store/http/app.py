@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
@@ -35,9 +36,11 @@ from starlette.routing import Route
 
 from store.core import SessionStore
 from store.errors import SessionStoreError
-from store.http.auth import Tokens, may_access
+from store.http.auth import Grant, TokenFile, Tokens
 from store.http.claude import CLAUDE_ROOT, ClaudeRoutes
+from store.http.gate import GRANT, AccessLog, Gate
 from store.http.guard import DEFAULT_BODY_TIMEOUT_S, Guard
+from store.http.limits import Limiter, TenantLimits
 from store.http.notify import Notifier
 from store.http.problems import problem_of
 from store.http.sessions import SESSIONS_ROOT, SessionRoutes
@@ -78,7 +81,13 @@ DEFAULT_MAX_READ = 4 * 1024 * 1024
 
 
 class StreamService:
-    """The protocol on one store. ``app`` is the ASGI application."""
+    """The protocol on one store. ``app`` is the ASGI application.
+
+    Tokens: ``tokens`` (fixed), or ``tokens_file``, read again whenever it changes while the
+    app runs (``store/http/auth.py``); neither: no tokens, everyone is everything. ``limits``:
+    every tenant's limits but those the tokens file sets (``store/http/limits.py``).
+    ``access_log``: one line a request on the ``sessionstore.access`` logger
+    (``store/http/gate.py``)."""
 
     def __init__(
         self,
@@ -91,12 +100,19 @@ class StreamService:
         max_messages: int = 10_000,
         threads: int = 32,
         tokens: Tokens | None = None,
+        tokens_file: str | Path | None = None,
+        limits: TenantLimits | None = None,
+        access_log: bool = False,
         cors_origins: Sequence[str] = (),
         allowed_hosts: Sequence[str] = (),
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
         self.store = store
-        self.tokens = tokens
+        if tokens is not None and tokens_file is not None:
+            raise ValueError("tokens or tokens_file, not both")
+        self._tokens = tokens
+        self.token_file = TokenFile(tokens_file) if tokens_file is not None else None
+        self.limiter = Limiter(limits)
         self.max_messages = max_messages
         self.streams = Streams(store)
         self.notifier = Notifier(self.streams.ctx.coord)
@@ -112,27 +128,47 @@ class StreamService:
             routes=[
                 Route(STREAM_ROOT + "{name:path}", self.handle, methods=methods),
                 Route(SESSIONS_ROOT, self._guarded(self.sessions.list), methods=["GET", "OPTIONS"]),
-                Route(SESSIONS_ROOT + "/{rest:path}", self._guarded(self.sessions.action), methods=methods),
+                Route(SESSIONS_ROOT + "/{rest:path}", self._guarded(self.sessions.action),
+                      methods=["GET", "PUT", "POST", "OPTIONS"]),
                 Route(CLAUDE_ROOT + "/{method}", self._guarded(self.claude.handle), methods=["POST", "OPTIONS"]),
                 Route("/healthz", self.health, methods=["GET"]),
             ],
             lifespan=self._lifespan,
         )
-        # Host is checked without tokens (loopback: against DNS rebinding) or when names are
-        # given; Origin and CORS always (store/http/guard.py).
+        # Outermost first: the access log, the guard, the gate, the routes. Host is checked
+        # without tokens (loopback: against DNS rebinding) or when names are given; Origin
+        # and CORS always (store/http/guard.py); the gate answers with the guard's headers.
+        self.app.add_middleware(Gate, tokens=lambda: self.tokens, limiter=self.limiter)
         self.app.add_middleware(
-            Guard, check_host=tokens is None or bool(allowed_hosts), allowed_hosts=allowed_hosts,
+            Guard, check_host=self.tokens is None or bool(allowed_hosts), allowed_hosts=allowed_hosts,
             cors_origins=cors_origins, body_timeout_s=body_timeout_s,
         )
+        if access_log:
+            self.app.add_middleware(AccessLog)
+
+    @property
+    def tokens(self) -> Tokens | None:
+        """The tokens in force (None: no tokens)."""
+        return self.token_file.tokens if self.token_file is not None else self._tokens
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.notifier.start()
+        watcher = asyncio.create_task(self._watch_tokens()) if self.token_file is not None else None
         try:
             yield
         finally:
+            if watcher is not None:
+                watcher.cancel()
             await self.claude.close()
             await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    async def _watch_tokens(self) -> None:
+        """Read the tokens file again whenever it changes (``TokenFile``), while the app runs."""
+        assert self.token_file is not None
+        while True:
+            await asyncio.sleep(TokenFile.POLL_S)
+            await asyncio.to_thread(self.token_file.poll)
 
     def close(self) -> None:
         self.notifier.close()
@@ -200,26 +236,29 @@ class StreamService:
             status, code, detail, headers = answer
             return problem_response(status, code, detail, headers)
 
-    def tenant_of(self, request: Request) -> str | None:
-        """The request's tenant (None when no tokens are configured: everyone is everything);
-        401 without a known token."""
+    def grant_of(self, request: Request) -> Grant | None:
+        """What the request's token grants, as the gate found it (None when no tokens are
+        configured: everyone is everything); 401 without one."""
         if self.tokens is None:
             return None
-        tenant = self.tokens.tenant_of(request.headers.get("authorization"))
-        if tenant is None:
+        grant: Grant | None = request.scope.get(GRANT)
+        if grant is None:
             raise HttpError(401, "unauthorized", "a bearer token is needed",
                             {"WWW-Authenticate": 'Bearer realm="sessionstore"'})
-        return tenant
+        return grant
 
-    @staticmethod
-    def may_access(tenant: str, name: str) -> bool:
-        return may_access(tenant, name)
+    def tenant_of(self, request: Request) -> str | None:
+        """The request's tenant (None when no tokens are configured); 401 without a token."""
+        grant = self.grant_of(request)
+        return None if grant is None else grant.tenant
 
     def authorize_name(self, request: Request, name: str) -> None:
-        """401 without a known token, 403 for a stream of another tenant."""
-        tenant = self.tenant_of(request)
-        if tenant is not None and not may_access(tenant, name):
-            raise HttpError(403, "forbidden", "this token's tenant does not own that stream")
+        """401 without a known token, 403 for a name the token does not reach (another
+        tenant's, or outside its prefix)."""
+        grant = self.grant_of(request)
+        if grant is not None and not grant.may_access(name):
+            raise HttpError(403, "forbidden", "this token does not reach that name (another tenant's, "
+                                              "or outside the token's prefix)")
 
     def _authorize(self, request: Request, path: str) -> None:
         self.authorize_name(request, path)

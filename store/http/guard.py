@@ -58,14 +58,16 @@ _COMMON_HEADERS = [
 ]
 
 
-def problem_body(status: int, code: str, detail: str) -> bytes:
-    """An RFC 9457 problem document naming the error class."""
+def problem_body(status: int, code: str, detail: str, **extra: Any) -> bytes:
+    """An RFC 9457 problem document naming the error class (``extra``: its extension
+    members)."""
     return orjson.dumps({
         "type": f"https://sessionstore.dev/problems/{code}",
         "title": code.replace("-", " "),
         "status": status,
         "detail": detail,
         "code": code,
+        **extra,
     })
 
 
@@ -127,7 +129,7 @@ class Guard:
         refusal = self._refusal(scope)
         if refusal is not None:
             code, detail = refusal
-            await _send_problem(send, 403, code, detail, common)
+            await send_problem(send, 403, code, detail, common)
             return
 
         state = {"body_done": scope["method"] in ("GET", "HEAD"), "timed_out": False, "started": False}
@@ -157,15 +159,17 @@ class Guard:
         if state["timed_out"] and not state["started"]:
             log.info("%s %s: no byte of the body for %ss: 408, connection closed",
                      scope["method"], scope.get("path"), self.body_timeout_s)
-            await _send_problem(send, 408, "body-timeout",
+            await send_problem(send, 408, "body-timeout",
                                 f"no byte of the body for {self.body_timeout_s} s", common,
                                 close=True)
 
 
-async def _send_problem(
-    send: Any, status: int, code: str, detail: str, headers: list[tuple[bytes, bytes]], *, close: bool = False
+async def send_problem(
+    send: Any, status: int, code: str, detail: str, headers: list[tuple[bytes, bytes]], *, close: bool = False,
+    **extra: Any,
 ) -> None:
-    body = problem_body(status, code, detail)
+    """Answer a problem document from an ASGI middleware."""
+    body = problem_body(status, code, detail, **extra)
     all_headers = [(b"content-type", b"application/problem+json"),
                    (b"content-length", str(len(body)).encode()), *headers]
     if close:
@@ -174,4 +178,4 @@ async def _send_problem(
     await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["DEFAULT_BODY_TIMEOUT_S", "Guard", "LOOPBACK_HOSTS", "host_name", "problem_body"]
+__all__ = ["DEFAULT_BODY_TIMEOUT_S", "Guard", "LOOPBACK_HOSTS", "host_name", "problem_body", "send_problem"]

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
     from store.core import SessionStore
+    from store.http.auth import Grant
     from store.http.notify import Notifier
     from store.streams import Streams
 
@@ -38,12 +39,12 @@ class RouteService(Protocol):
         """The request's tenant (None when no tokens are configured); 401 without a known token."""
         ...
 
-    def may_access(self, tenant: str, name: str) -> bool:
-        """Whether ``tenant`` may use the stream or session ``name``."""
+    def grant_of(self, request: Request) -> Grant | None:
+        """What the request's token grants (None when no tokens are configured); 401 without one."""
         ...
 
     def authorize_name(self, request: Request, name: str) -> None:
-        """401 without a known token, 403 for a name of another tenant."""
+        """401 without a known token, 403 for a name the token does not reach."""
         ...
 
     async def read_body(self, request: Request) -> bytes:

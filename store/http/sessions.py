@@ -27,7 +27,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from store.errors import InvalidInputError, SessionExistsError
-from store.http.auth import ALL_TENANTS
 from store.formats.layout import check_session_id
 from store.protocol.listing import MAX_PAGE as STORE_PAGE
 from store.protocol.listing import SessionFilter
@@ -35,6 +34,7 @@ from store.streams import PI_KIND, StreamNotFoundError
 
 if TYPE_CHECKING:
     from store.protocol.handles import SessionHandle
+    from store.http.auth import Grant
     from store.http.service import RouteService
     from store.formats.records import Header, SessionInfo
 
@@ -70,33 +70,34 @@ class SessionRoutes:
             updated_since_ms=_int_param(q, "updated_since", "epoch milliseconds, an integer"),
             name_contains=q.get("title_contains"),
         )
-        tenant = self.service.tenant_of(request)
-        page, cursor = await self.service.run(self._page, tenant, after, limit, filters)
+        grant = self.service.grant_of(request)
+        page, cursor = await self.service.run(self._page, grant, after, limit, filters)
         return _json({"sessions": page, "next": cursor})
 
     def _page(
-        self, tenant: str | None, after: str | None, limit: int, filters: SessionFilter
+        self, grant: Grant | None, after: str | None, limit: int, filters: SessionFilter
     ) -> tuple[list[dict[str, Any]], str | None]:
         """Sessions in the layout's order (shard, then id) after the cursor, read from the
         store's listing (each page one LIST and one Redis round trip, ``store/protocol/listing.py``)
         without reading any session; ``next`` is None after the last page.
 
-        Without tenants (and for the operator's), one page of the store's listing: the
-        filters are applied to it, so it may be short, even empty, while ``next`` moves on.
+        Without tenants (and for the operator's token without a prefix), one page of the
+        store's listing: the filters are applied to it, so it may be short, even empty, while
+        ``next`` moves on.
 
-        A tenant's cursor may name nothing but the tenant's own sessions: the cursor is the
-        last session of the page, and a page whose last listed session is another tenant's
-        would give it away (their ids are unkeyed hashes of their names, so a name can be
-        confirmed offline). So a tenant's page is the first ``limit`` of its own sessions
-        (those the filters keep) after the cursor, and ``next`` is the last of them: the
-        store's listing is walked, in pages growing to 1,000, until they are found or it
-        ends. Every own session after the cursor and up to ``next`` is on the page, and what
+        A tenant's cursor may name nothing but the sessions its token reaches (its tenant's,
+        within the token's prefix if it has one): the cursor is the last session of the page,
+        and a page whose last listed session is another tenant's would give it away (their
+        ids are unkeyed hashes of their names, so a name can be confirmed offline). So a
+        tenant's page is the first ``limit`` of its own sessions (those the filters keep)
+        after the cursor, and ``next`` is the last of them: the store's listing is walked,
+        in pages growing to 1,000, until they are found or it ends. Every own session after the cursor and up to ``next`` is on the page, and what
         lies between ``next`` and the last session walked is another tenant's (or filtered
         out), so the next page, which walks it again, finds nothing of the tenant's there:
         each of a tenant's sessions is on exactly one page, as before. The price is in
         requests: a page of a tenant that owns few of the store's sessions walks the others'
         too."""
-        if tenant is None or tenant == ALL_TENANTS:
+        if grant is None or grant.sees_all:
             listed = self.store.list_sessions(cursor=after, limit=limit, filters=filters)
             return [_row(info) for info in listed.items], _cursor_of(listed.next_cursor)
         out: list[dict[str, Any]] = []
@@ -104,7 +105,7 @@ class SessionRoutes:
         while True:
             listed = self.store.list_sessions(cursor=after, limit=size, filters=filters)
             for info in listed.items:
-                if self.service.may_access(tenant, info.path or info.session_id):
+                if grant.may_access(info.path or info.session_id):
                     out.append(_row(info))
                     if len(out) == limit:
                         return out, _cursor_of(info.session_id)
