@@ -96,6 +96,8 @@ class Metrics:
         self.followers = Gauge(
             "sessionstore_http_live_followers", "Live readers waiting for new data, by kind: sse, long_poll",
             ["kind"], registry=r)
+        for kind in ("sse", "long_poll"):  # both series exist from the start, at 0
+            self.followers.labels(kind)
 
     # --- what the library calls ----------------------------------------------------------------
 

@@ -186,3 +186,64 @@ def test_the_queue_backlog_counts_jobs_and_dates_the_oldest(make_store: Callable
         store.append_session_entries(sid, [entry("b", "a")])
     length, oldest = queue.backlog()
     assert length == 2 and oldest is not None and oldest >= before_ms - 1000
+
+
+def test_serve_counts_requests_and_followers_and_serves_metrics_to_the_operator(
+    serve: Callable[..., Any], tmp_path: Any,
+) -> None:
+    """``GET /metrics``: the operator's only (another tenant's token is refused); requests
+    counted by route class, method and status; a long-poll counted as a live follower while
+    it waits; the appends the requests made, in the same exposition."""
+    import json
+    import threading
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ops, acme = "ops-token-0123456789x", "acme-write-0123456789"
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({"tenants": {"acme": [acme], "*": [ops]}}))
+    registry = CollectorRegistry()
+    _, url = serve({"metrics": Metrics(registry)}, tokens_file=path, long_poll_s=20)
+
+    def metrics(token: str = ops) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        r = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {token}"})
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith("text/plain; version=")
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(r.text) for s in f.samples}
+
+    refused = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {acme}"})
+    assert refused.status_code == 403 and refused.json()["scope_needed"] == "admin"
+    assert httpx.get(url + "/metrics").status_code == 401
+
+    auth = {"authorization": f"Bearer {acme}"}
+    stream = url + "/v1/stream/acme/m"
+    assert httpx.put(stream, headers={**auth, "content-type": "text/plain"}).status_code == 201
+    assert httpx.post(stream, headers={**auth, "content-type": "text/plain"}, content=b"one").status_code in (200, 204)
+    got = metrics()
+    key = ("sessionstore_http_request_seconds_count",
+           (("method", "PUT"), ("route", "stream.create"), ("status", "201")))
+    assert got[key] == 1
+    appended = [v for (name, labels), v in got.items()
+                if name == "sessionstore_http_request_seconds_count" and ("route", "stream.append") in labels]
+    assert appended == [1]
+    assert got[("sessionstore_append_seconds_count", (("outcome", "ok"),))] >= 1
+    assert got[("sessionstore_http_request_seconds_count",
+                (("method", "GET"), ("route", "metrics"), ("status", "403")))] == 1
+    assert got[("sessionstore_http_live_followers", (("kind", "long_poll"),))] == 0
+
+    # A long-poll at the tail waits: a live follower until it is answered.
+    tail = httpx.get(stream + "?offset=-1", headers=auth).headers["stream-next-offset"]
+    answered: list[int] = []
+    poll = threading.Thread(target=lambda: answered.append(
+        httpx.get(f"{stream}?offset={tail}&live=long-poll", headers=auth, timeout=30).status_code))
+    poll.start()
+    deadline = time.monotonic() + 30
+    while metrics()[("sessionstore_http_live_followers", (("kind", "long_poll"),))] != 1:
+        assert time.monotonic() < deadline, "the long-poll never counted as a follower"
+        time.sleep(0.05)
+    assert httpx.post(stream, headers={**auth, "content-type": "text/plain"}, content=b"two").status_code in (200, 204)
+    poll.join(30)
+    assert answered == [200]
+    assert metrics()[("sessionstore_http_live_followers", (("kind", "long_poll"),))] == 0

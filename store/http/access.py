@@ -38,6 +38,7 @@ class Rule:
 #: What each route class needs.
 ROUTES: dict[str, Rule] = {
     "health": Rule(PUBLIC, named=False),
+    "metrics": Rule(ADMIN, named=False),
     "preflight": Rule(PUBLIC, named=False),
     # /v1/stream/<name> (store/http/app.py)
     "stream.create": Rule(WRITE_ACTION),
@@ -76,6 +77,8 @@ def route_class(method: str, path: str, query: bytes, forked: bool) -> str | Non
     ``Stream-Forked-From``."""
     if path == "/healthz" and method in ("GET", "HEAD"):
         return "health"
+    if path == "/metrics" and method in ("GET", "HEAD"):
+        return "metrics"
     known = path.startswith(("/v1/stream/", "/v1/claude/")) or path == "/v1/sessions" \
         or path.startswith("/v1/sessions/")
     if not known:

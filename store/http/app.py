@@ -38,7 +38,7 @@ from store.core import SessionStore
 from store.errors import SessionStoreError
 from store.http.auth import Grant, TokenFile, Tokens
 from store.http.claude import CLAUDE_ROOT, ClaudeRoutes
-from store.http.gate import GRANT, AccessLog, Gate
+from store.http.gate import GRANT, Gate, Requests
 from store.http.guard import DEFAULT_BODY_TIMEOUT_S, Guard
 from store.http.limits import Limiter, TenantLimits
 from store.http.notify import Notifier
@@ -87,7 +87,8 @@ class StreamService:
     app runs (``store/http/auth.py``); neither: no tokens, everyone is everything. ``limits``:
     every tenant's limits but those the tokens file sets (``store/http/limits.py``).
     ``access_log``: one line a request on the ``sessionstore.access`` logger
-    (``store/http/gate.py``)."""
+    (``store/http/gate.py``). Every request is counted in the store's metrics, which
+    ``GET /metrics`` serves to the operator (docs/operations.md)."""
 
     def __init__(
         self,
@@ -132,10 +133,11 @@ class StreamService:
                       methods=["GET", "PUT", "POST", "OPTIONS"]),
                 Route(CLAUDE_ROOT + "/{method}", self._guarded(self.claude.handle), methods=["POST", "OPTIONS"]),
                 Route("/healthz", self.health, methods=["GET"]),
+                Route("/metrics", self.metrics, methods=["GET"]),
             ],
             lifespan=self._lifespan,
         )
-        # Outermost first: the access log, the guard, the gate, the routes. Host is checked
+        # Outermost first: the metrics and access log, the guard, the gate, the routes. Host is checked
         # without tokens (loopback: against DNS rebinding) or when names are given; Origin
         # and CORS always (store/http/guard.py); the gate answers with the guard's headers.
         self.app.add_middleware(Gate, tokens=lambda: self.tokens, limiter=self.limiter)
@@ -143,8 +145,7 @@ class StreamService:
             Guard, check_host=self.tokens is None or bool(allowed_hosts), allowed_hosts=allowed_hosts,
             cors_origins=cors_origins, body_timeout_s=body_timeout_s,
         )
-        if access_log:
-            self.app.add_middleware(AccessLog)
+        self.app.add_middleware(Requests, metrics=store.metrics, log=access_log)
 
     @property
     def tokens(self) -> Tokens | None:
@@ -194,6 +195,12 @@ class StreamService:
 
     async def health(self, request: Request) -> Response:
         return Response(b"ok\n", headers={"content-type": "text/plain"})
+
+    async def metrics(self, request: Request) -> Response:
+        """The process's Prometheus metrics (docs/operations.md): the operator's (route class
+        ``metrics``, ``store/http/access.py``)."""
+        body, content_type = await self.run(self.store.metrics.exposition)
+        return Response(body, headers={"content-type": content_type, "Cache-Control": "no-store"})
 
     async def handle(self, request: Request) -> Response:
         # Streams are named by the rest of the path: /v1/stream/acme/chat-1 is "acme/chat-1".
@@ -401,6 +408,8 @@ class StreamService:
         cursor = next_cursor(request.query_params.get("cursor"))
         deadline = time.monotonic() + self.long_poll_s
         ev = self.notifier.watch(sid)
+        followers = self.store.metrics.followers.labels("long_poll")
+        followers.inc()
         try:
             while True:
                 # Cleared before the read: a wake-up that comes while it reads makes it look
@@ -426,6 +435,7 @@ class StreamService:
                 except TimeoutError:
                     pass
         finally:
+            followers.dec()
             self.notifier.unwatch(sid, ev)
 
     async def _sse(self, request: Request, path: str, offset: Offset | None) -> Response:
@@ -451,6 +461,8 @@ class StreamService:
         ev = self.notifier.watch(sid)
         started = time.monotonic()
         first = True
+        followers = self.store.metrics.followers.labels("sse")
+        followers.inc()
         try:
             while True:
                 ev.clear()
@@ -485,6 +497,7 @@ class StreamService:
                 except TimeoutError:
                     yield b": keep-alive\n\n"
         finally:
+            followers.dec()
             self.notifier.unwatch(sid, ev)
 
     # --- HEAD, DELETE -------------------------------------------------------------------------

@@ -16,7 +16,7 @@ The request then reaches its route with its :class:`~store.http.auth.Grant` in t
 (403 ``forbidden``); the bytes of its body are charged to its tenant's byte rate as they
 arrive, and a follower is counted until its response ends.
 
-:class:`AccessLog` (``serve --access-log``) writes one JSON line a request, after it ends, on
+:class:`Requests` (with ``serve --access-log``) writes one JSON line a request, after it ends, on
 the ``sessionstore.access`` logger: ``time`` (its start, UTC), ``tenant``, ``route`` (its
 class), ``method``, ``status``, ``bytes_in``, ``bytes_out`` (of the bodies) and ``ms``. It
 never writes a token, a header, a body, a name or a query string.
@@ -37,6 +37,7 @@ from store.http.access import refusal as scope_refusal
 from store.http.auth import Tokens
 from store.http.guard import send_problem
 from store.http.limits import Limiter, retry_after
+from store.metrics import Metrics
 
 access_log = logging.getLogger("sessionstore.access")
 
@@ -44,6 +45,7 @@ access_log = logging.getLogger("sessionstore.access")
 GRANT = "sessionstore.grant"
 RECORD = "sessionstore.access"
 _BODY_METHODS = frozenset({"PUT", "POST"})
+_METHODS = frozenset({"GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS"})
 
 
 class Gate:
@@ -112,11 +114,16 @@ class Gate:
                 self.limiter.unfollow(tenant)
 
 
-class AccessLog:
-    """ASGI middleware: one line a request on :data:`access_log` (module docstring)."""
+class Requests:
+    """ASGI middleware, outermost: every request counted and timed in the store's metrics
+    (``sessionstore_http_request_seconds`` by route class, method and status;
+    ``sessionstore_http_open_requests``: docs/operations.md) and, with ``log``, one line a
+    request on :data:`access_log` (module docstring)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, metrics: Metrics, log: bool = False) -> None:
         self.app = app
+        self.metrics = metrics
+        self.log = log
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -140,19 +147,26 @@ class AccessLog:
                 counts["out"] += len(message.get("body", b""))
             await send(message)
 
+        self.metrics.http_open.inc()
         try:
             await self.app(scope, counted_receive, counted_send)
         finally:
-            access_log.info(orjson.dumps({
-                "time": datetime.fromtimestamp(started, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                "tenant": record["tenant"],
-                "route": record["route"],
-                "method": scope["method"],
-                "status": counts["status"],
-                "bytes_in": counts["in"],
-                "bytes_out": counts["out"],
-                "ms": round((time.perf_counter() - t0) * 1000, 1),
-            }).decode())
+            seconds = time.perf_counter() - t0
+            self.metrics.http_open.dec()
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            status = str(counts["status"]) if counts["status"] is not None else "none"
+            self.metrics.http_requests.labels(record["route"] or "none", method, status).observe(seconds)
+            if self.log:
+                access_log.info(orjson.dumps({
+                    "time": datetime.fromtimestamp(started, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                    "tenant": record["tenant"],
+                    "route": record["route"],
+                    "method": scope["method"],
+                    "status": counts["status"],
+                    "bytes_in": counts["in"],
+                    "bytes_out": counts["out"],
+                    "ms": round(seconds * 1000, 1),
+                }).decode())
 
 
-__all__ = ["GRANT", "RECORD", "AccessLog", "Gate", "access_log"]
+__all__ = ["GRANT", "RECORD", "Gate", "Requests", "access_log"]
