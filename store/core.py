@@ -32,7 +32,7 @@ from store.protocol.follow import Follower, follow
 from store.protocol.handles import SessionHandle
 from store.protocol.headers import HeaderStore, new_header, uuid7
 from store.protocol.keys import DataKeys
-from store.formats.layout import Layout, check_layout, check_session_id
+from store.formats.layout import Layout, check_layout, check_session_id, record_key
 from store.protocol.layout_record import decide_layout
 from store.lifecycle.sessions import create_session, delete_session, fork_session
 from store.protocol.listing import NO_FILTER, Lister, SessionFilter, SessionPage, check_cursor, check_limit
@@ -187,6 +187,20 @@ class SessionStore:
         if self._owns:
             self.coord.close()
             self.objects.close()
+
+    def check_backends(self) -> dict[str, str | None]:
+        """Whether each backend answers now: ``{"objects": None, "redis": None}`` when both
+        do, else the failure's class for each that does not (one HEAD of the layout record,
+        one PING; no retry): a readiness probe's question."""
+        out: dict[str, str | None] = {}
+        for name, probe in (("objects", lambda: self.objects.head(record_key(self.layout.prefix))),
+                            ("redis", self.coord.client.ping)):
+            try:
+                probe()
+                out[name] = None
+            except Exception as exc:  # noqa: BLE001 - any failure is the answer
+                out[name] = type(exc).__name__
+        return out
 
     def __enter__(self) -> SessionStore:
         return self

@@ -94,6 +94,8 @@ def _refused(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
 SAMPLES = [
     ("GET", "/healthz", b"", False, "health"),
     ("HEAD", "/healthz", b"", False, "health"),
+    ("GET", "/readyz", b"", False, "ready"),
+    ("HEAD", "/readyz", b"", False, "ready"),
     ("GET", "/metrics", b"", False, "metrics"),
     ("HEAD", "/metrics", b"", False, "metrics"),
     ("OPTIONS", ROOT + "acme/s", b"", False, "preflight"),

@@ -247,3 +247,30 @@ def test_serve_counts_requests_and_followers_and_serves_metrics_to_the_operator(
     poll.join(30)
     assert answered == [200]
     assert metrics()[("sessionstore_http_live_followers", (("kind", "long_poll"),))] == 0
+
+
+def test_readyz_answers_503_naming_the_backend_that_is_away(
+    redis_server_factory: Callable[..., Any], s3_url: str,
+) -> None:
+    """``/readyz`` (public: a load balancer's probe): 200 while the object store and Redis
+    answer; 503 naming Redis once it is stopped; ``/healthz`` (liveness) stays 200."""
+    import httpx
+    from harness.asgi_server import AsgiServer
+
+    from store.http.app import StreamService
+
+    redis = redis_server_factory()
+    store = SessionStore.from_url(s3_url, redis.url, redis_socket_timeout=0.5)
+    service = StreamService(store, tokens=None)
+    server = AsgiServer(service.app).start()
+    try:
+        ready = httpx.get(server.url + "/readyz")
+        assert ready.status_code == 200 and ready.json() == {"objects": "ok", "redis": "ok"}
+        redis.stop()
+        away = httpx.get(server.url + "/readyz", timeout=10)
+        assert away.status_code == 503
+        assert away.json()["objects"] == "ok" and away.json()["redis"] != "ok"
+        assert httpx.get(server.url + "/healthz").status_code == 200
+    finally:
+        server.stop()
+        store.close()

@@ -7,7 +7,7 @@ the app without a line here answers nothing until it has one.
 
 | action | granted to |
 | --- | --- |
-| ``public`` | everyone, without a token (``/healthz``, CORS preflights) |
+| ``public`` | everyone, without a token (``/healthz``, ``/readyz``, CORS preflights) |
 | ``read`` | every token of the tenant (scope ``read`` or ``write``) |
 | ``write``, ``delete`` | tokens of scope ``write`` |
 | ``admin`` | the operator's tokens (tenant ``*``, scope ``write``, no prefix) |
@@ -38,6 +38,7 @@ class Rule:
 #: What each route class needs.
 ROUTES: dict[str, Rule] = {
     "health": Rule(PUBLIC, named=False),
+    "ready": Rule(PUBLIC, named=False),
     "metrics": Rule(ADMIN, named=False),
     "preflight": Rule(PUBLIC, named=False),
     # /v1/stream/<name> (store/http/app.py)
@@ -77,6 +78,8 @@ def route_class(method: str, path: str, query: bytes, forked: bool) -> str | Non
     ``Stream-Forked-From``."""
     if path == "/healthz" and method in ("GET", "HEAD"):
         return "health"
+    if path == "/readyz" and method in ("GET", "HEAD"):
+        return "ready"
     if path == "/metrics" and method in ("GET", "HEAD"):
         return "metrics"
     known = path.startswith(("/v1/stream/", "/v1/claude/")) or path == "/v1/sessions" \

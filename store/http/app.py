@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
+
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
@@ -133,6 +135,7 @@ class StreamService:
                       methods=["GET", "PUT", "POST", "OPTIONS"]),
                 Route(CLAUDE_ROOT + "/{method}", self._guarded(self.claude.handle), methods=["POST", "OPTIONS"]),
                 Route("/healthz", self.health, methods=["GET"]),
+                Route("/readyz", self.ready, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
             ],
             lifespan=self._lifespan,
@@ -195,6 +198,15 @@ class StreamService:
 
     async def health(self, request: Request) -> Response:
         return Response(b"ok\n", headers={"content-type": "text/plain"})
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness: 200 when the object store and Redis both answer now, else 503 naming
+        the one that does not (``SessionStore.check_backends``)."""
+        checks = await self.run(self.store.check_backends)
+        body = orjson.dumps({name: "ok" if failed is None else failed for name, failed in checks.items()})
+        status = 200 if all(failed is None for failed in checks.values()) else 503
+        return Response(body, status_code=status, headers={"content-type": "application/json",
+                                                             "Cache-Control": "no-store"})
 
     async def metrics(self, request: Request) -> Response:
         """The process's Prometheus metrics (docs/operations.md): the operator's (route class
