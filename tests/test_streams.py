@@ -15,6 +15,7 @@ from harness.pausing import InThread, Pause
 
 from store import SessionStore
 from store.errors import SessionNotFoundError
+from store.streams.reads import READ_WINDOW
 from store.streams import (
     Producer,
     START,
@@ -262,3 +263,29 @@ def test_a_producer_goes_on_after_a_process_died_between_put_and_commit(
     assert not nxt.duplicate
     assert other.read("crash/s1", START).messages == [{"n": 0}, {"n": 1}, {"n": 2}]
     assert other.store.coord.tail(other.store.layout.stream_id("crash/s1")).seq == 3  # type: ignore[union-attr]
+
+
+def test_a_read_holds_whole_appends_within_its_budget_and_goes_window_by_window(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """A read answers whole appends of at most ``max_bytes`` in all (the first alone when it
+    is larger); the rest follows from the offset it ends at. A stream longer than a read
+    window of segments is read across windows, in order, each append once."""
+    s = Streams(make_store())
+    s.create("big", content_type=TEXT)
+    for i in range(3):
+        s.append("big", [bytes([65 + i]) * 600], content_type=TEXT)
+    first = s.read("big", START, max_bytes=1000)
+    assert [m for b in first.batches for m in b.messages] == [b"A" * 600]  # 1,200 would overrun
+    assert not first.up_to_date
+    alone = s.read("big", START, max_bytes=100)  # a first append larger than the budget: alone
+    assert [m for b in alone.batches for m in b.messages] == [b"A" * 600]
+    rest = s.read("big", first.next_offset, max_bytes=1200)
+    assert [m for b in rest.batches for m in b.messages] == [b"B" * 600, b"C" * 600] and rest.up_to_date
+
+    s.create("long", content_type=TEXT)
+    for i in range(READ_WINDOW * 2 + 5):
+        s.append("long", [str(i).encode()], content_type=TEXT)
+    got = s.read("long", START)
+    assert [m for b in got.batches for m in b.messages] == [str(i).encode() for i in range(READ_WINDOW * 2 + 5)]
+    assert got.up_to_date

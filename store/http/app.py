@@ -397,7 +397,7 @@ class StreamService:
             return await self._sse(request, path, offset)
         if live == "long-poll":
             return await self._long_poll(request, path, offset)
-        res, info = await self._run(self.streams.read_info, path, offset, max_bytes=self.max_read)
+        res, info, body = await self._run(self._read_body, path, offset)
         headers = self._read_headers(info, res)
         if now:
             headers["Cache-Control"] = "no-store"
@@ -413,7 +413,29 @@ class StreamService:
                 headers["Vary"] = "Authorization"
             if request.headers.get("if-none-match") == etag:
                 return Response(status_code=304, headers=headers)
-        return Response(body_of(info, res.batches), status_code=200, headers=headers)
+        return Response(body, status_code=200, headers=headers)
+
+    def _read_body(self, path: str, offset: Offset | None) -> tuple[ReadResult, StreamInfo, bytes]:
+        """A catch-up read and its body, encoded on the service's threads (never on the event
+        loop, which every other request shares)."""
+        res, info = self.streams.read_info(path, offset, max_bytes=self.max_read)
+        return res, info, body_of(info, res.batches)
+
+    def _sse_chunk(
+        self, path: str, offset: Offset | None, info: StreamInfo, b64: bool, cursor: str, first: bool
+    ) -> tuple[ReadResult, bytes]:
+        """One read of an SSE response and its events, framed (and base64-encoded) on the
+        service's threads, not on the event loop."""
+        res = self.streams.read(path, offset, max_bytes=self.max_read)
+        out: list[bytes] = []
+        for i, batch in enumerate(res.batches):
+            out.append(sse_data(info, batch, b64))
+            last = i == len(res.batches) - 1
+            end = res.next_offset if last else batch.end
+            out.append(sse_control(end, cursor, up_to_date=last and res.up_to_date, closed=last and res.closed))
+        if not res.batches and (first or res.closed):
+            out.append(sse_control(res.next_offset, cursor, up_to_date=True, closed=res.closed))
+        return res, b"".join(out)
 
     async def _long_poll(self, request: Request, path: str, offset: Offset | None) -> Response:
         sid = self.streams.store.layout.stream_id(path)
@@ -427,7 +449,7 @@ class StreamService:
                 # Cleared before the read: a wake-up that comes while it reads makes it look
                 # again (one cleared after the read could have announced what it missed).
                 ev.clear()
-                res, info = await self._run(self.streams.read_info, path, offset, max_bytes=self.max_read)
+                res, info, body = await self._run(self._read_body, path, offset)
                 if offset is None:
                     offset = res.tail
                 headers = self._read_headers(info, res)
@@ -435,7 +457,7 @@ class StreamService:
                 if res.batches:
                     if not res.closed:
                         headers["Stream-Cursor"] = cursor
-                    return Response(body_of(info, res.batches), status_code=200, headers=headers)
+                    return Response(body, status_code=200, headers=headers)
                 if res.closed:
                     return Response(status_code=204, headers=headers)
                 remaining = deadline - time.monotonic()
@@ -479,23 +501,12 @@ class StreamService:
             while True:
                 ev.clear()
                 try:
-                    res: ReadResult = await self._run(self.streams.read, path, offset, max_bytes=self.max_read)
+                    res, chunk = await self._run(self._sse_chunk, path, offset, info, b64, cursor, first)
                 except StreamError:
                     return  # deleted or expired while followed: end the response
-                if offset is None:
-                    offset = res.tail
-                out: list[bytes] = []
-                for i, batch in enumerate(res.batches):
-                    out.append(sse_data(info, batch, b64))
-                    last = i == len(res.batches) - 1
-                    end = res.next_offset if last else batch.end
-                    out.append(sse_control(end, cursor, up_to_date=last and res.up_to_date,
-                                            closed=last and res.closed))
-                if not res.batches and (first or res.closed):
-                    out.append(sse_control(res.next_offset, cursor, up_to_date=True, closed=res.closed))
                 first = False
-                if out:
-                    yield b"".join(out)
+                if chunk:
+                    yield chunk
                 offset = res.next_offset
                 if res.closed:
                     return

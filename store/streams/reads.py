@@ -21,6 +21,8 @@ from store.streams.model import Batch, Offset, ReadResult, StreamConfig, StreamS
 
 #: Most bytes of messages one read returns by default.
 DEFAULT_MAX_BYTES = 4 << 20
+#: Segments a read fetches in one parallel round: a long read goes window by window.
+READ_WINDOW = 32
 
 
 class StreamReads:
@@ -32,8 +34,9 @@ class StreamReads:
         self.segments = segments
 
     def read_state(self, st: StreamState, offset: Offset | None, *, max_bytes: int = DEFAULT_MAX_BYTES) -> ReadResult:
-        """The appends of ``st``'s stream after ``offset`` (``None``: the tail), about
-        ``max_bytes`` of them at most; ``up_to_date`` when the result reaches the tail."""
+        """The appends of ``st``'s stream after ``offset`` (``None``: the tail): whole
+        batches of at most ``max_bytes`` in all (the first batch alone when it is larger);
+        ``up_to_date`` when the result reaches the tail."""
         tail = st.tail
         if offset is not None and offset > tail:
             # Never handed out by this incarnation (the tail only grows): an offset of an
@@ -77,24 +80,33 @@ class StreamReads:
             last_needed = min(last_needed, st.last_seq)
         if last_needed < own_from:
             return
-        fresh, _ = self.reader.read_after(
-            header.session_id, header, own_from - 1, through=last_needed, cache=self.segments
-        )
-        for seq, record in fresh:
-            vseq = base + seq
-            msgs = record.get("msgs") or ()
-            taken = [
-                (m if cfg.json else base64.b64decode(m))
-                for i, m in enumerate(msgs)
-                if start <= Offset(vseq, i) < end
-            ]
-            if not taken:
-                continue
-            end_off = min(Offset(vseq, len(msgs)), end)
-            out.append(Batch(end_off, taken))
-            budget[0] -= sum(message_size(m) for m in taken)
-            if budget[0] <= 0:
-                return
+        # A window of segments at a time (one parallel round each), so that a read of a long
+        # stream holds about its budget in memory, not the stream.
+        lo = own_from - 1
+        while lo < last_needed:
+            through = min(last_needed, lo + READ_WINDOW)
+            fresh, _ = self.reader.read_after(
+                header.session_id, header, lo, through=through, cache=self.segments
+            )
+            lo = through
+            for seq, record in fresh:
+                vseq = base + seq
+                msgs = record.get("msgs") or ()
+                taken = [
+                    (m if cfg.json else base64.b64decode(m))
+                    for i, m in enumerate(msgs)
+                    if start <= Offset(vseq, i) < end
+                ]
+                if not taken:
+                    continue
+                size = sum(message_size(m) for m in taken)
+                if out and size > budget[0]:
+                    budget[0] = 0  # the next batch would overrun: the result ends before it
+                    return
+                out.append(Batch(min(Offset(vseq, len(msgs)), end), taken))
+                budget[0] -= size
+                if budget[0] <= 0:
+                    return
 
     def _gather_entries(
         self, st: StreamState, start: Offset, end: Offset, out: list[Batch], budget: list[int]

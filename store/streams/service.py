@@ -520,8 +520,9 @@ class Streams:
     def read(
         self, path: str, offset: Offset | None, *, max_bytes: int = DEFAULT_MAX_BYTES, touch: bool = True
     ) -> ReadResult:
-        """The appends after ``offset`` (``None``: the tail), about ``max_bytes`` of them at
-        most (always at least one); ``up_to_date`` when the result reaches the tail."""
+        """The appends after ``offset`` (``None``: the tail): whole batches of at most
+        ``max_bytes`` in all (the first batch alone when it is larger); ``up_to_date`` when
+        the result reaches the tail."""
         return self.read_info(path, offset, max_bytes=max_bytes, touch=touch)[0]
 
     def read_info(
