@@ -54,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     size.add_argument("--full", action="store_true", help="bigger sizes: 100k-entry resume, more rounds")
     ap.add_argument("--writers", type=int, help="writer processes for throughput and contention (default 4, smoke 2)")
     ap.add_argument("--only", metavar="NAMES", help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all of them), or {','.join(OPTIONAL_SCENARIOS)}")
+    ap.add_argument("--peers", metavar="NAMES", help="with --only peers: comma-separated subset of the frameworks compared (default: all)")
     ap.add_argument("--kills-duration", type=float, default=600.0, metavar="SECONDS",
                     help="--only kills: how long processes are killed (default %(default)s)")
     ap.add_argument("--kills-quiet", type=float, default=60.0, metavar="SECONDS",
@@ -163,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown scenario(s): {', '.join(sorted(unknown))}; choose from "
               f"{', '.join(SCENARIOS + OPTIONAL_SCENARIOS)}", file=sys.stderr)
         return 2
+    if args.peers:
+        from benchmarks.scenarios.peers import FRAMEWORKS
+
+        params.peers = tuple(p.strip() for p in args.peers.split(",") if p.strip())
+        if not params.peers or set(params.peers) - set(FRAMEWORKS):
+            print(f"unknown peer(s): {args.peers!r}; choose from {', '.join(FRAMEWORKS)}", file=sys.stderr)
+            return 2
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
     started = now_iso()
     load_start = loadavg()

@@ -78,6 +78,8 @@ class Params:
     scale_appends: int = 8
     scale_resume_sample: int = 50
     scale_memory_sample: int = 1_000
+    #: Peers (--only peers): the frameworks compared (``benchmarks/peers/``); empty: all.
+    peers: tuple[str, ...] = ()
     scale_seed_threads: int = 32
     scale_long_entries: int = 1_000
     seed: int = 1

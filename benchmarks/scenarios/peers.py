@@ -4,8 +4,12 @@ default run: it needs the adapters' extras, ``pip install -e '.[test]'`` has the
 Each module of ``benchmarks/peers/`` runs one framework's default backend (files under a
 temporary directory, as a user would start) and its sessionstore adapter (on this run's
 backend) through the framework's own API, on the same workload: append latency, resume of 1k
-and 10k items, and items lost with 2 and 4 writer processes on one session. The store's
-figures are named ``peers.<framework>.<backend>.<metric>``.
+and 10k items, and items lost with 2 and 4 writer processes on one session; LangGraph's
+(``langgraph.py``) are checkpoint savers: put, latest checkpoint, list, copy, bytes, and two
+processes racing on one checkpoint. The figures are named
+``peers.<framework>.<backend>.<metric>``; a figure a backend cannot produce (a method it does
+not have, a package not installed) is a row with no value and a ``note``, shown in the table
+and never recorded as a number. ``--peers NAMES`` runs a subset of the frameworks.
 """
 
 from __future__ import annotations
@@ -18,14 +22,14 @@ from typing import Any
 
 from benchmarks.context import Context
 
-FRAMEWORKS = ("openai_agents", "adk", "strands", "claude_agent_sdk")
+FRAMEWORKS = ("openai_agents", "adk", "strands", "claude_agent_sdk", "langgraph")
 
 
 def run(ctx: Context) -> None:
     b, R = ctx.backend, ctx.results
     quick = ctx.params.profile == "smoke"
     rows: list[dict[str, Any]] = []
-    for name in FRAMEWORKS:
+    for name in ctx.params.peers or FRAMEWORKS:
         module = importlib.import_module(f"benchmarks.peers.{name}")
         work = Path(tempfile.mkdtemp(prefix=f"ssbench-peers-{name}-"))
         try:
@@ -34,6 +38,8 @@ def run(ctx: Context) -> None:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     for row in rows:
+        if row["value"] is None:
+            continue  # not measurable on that backend: the note goes to the table
         figure = f"peers.{row['framework']}.{row['backend']}.{row['metric']}"
         R.fig(figure, row["value"], row.get("unit", ""))
     R.details["peers"] = rows
@@ -60,14 +66,16 @@ def run(ctx: Context) -> None:
 def _fmt(row: dict[str, Any] | None) -> str:
     if row is None:
         return "-"
+    if row["value"] is None:
+        return str(row.get("note") or "not available")
     value, unit = row["value"], row.get("unit", "")
     text = f"{value:.0f}" if float(value).is_integer() else f"{value:.3g}"
     return f"{text} {unit}".strip()
 
 
 def _ratio(ours: dict[str, Any] | None, other: dict[str, Any] | None) -> str:
-    if ours is None or other is None or not other["value"]:
+    if ours is None or other is None or not other["value"] or ours["value"] is None:
         return "-"
-    if any(word in ours["metric"] for word in ("lost", "dup", "extra", "errors", "stale")):
+    if any(word in ours["metric"] for word in ("lost", "dup", "extra", "errors", "stale", "race")):
         return "-"  # counts, not costs
     return f"{ours['value'] / other['value']:.2f}x"
