@@ -143,6 +143,9 @@ class AsyncSessionStore:
     async def get_header(self, session_id: str) -> Header:
         return await self._run(self._store.get_header, session_id)
 
+    async def check_backends(self) -> dict[str, str | None]:
+        return await self._run(self._store.check_backends)
+
     async def append_session_entries(
         self,
         session_id: str,

@@ -30,10 +30,7 @@ from store import SessionStore
 DURATION_S = 30.0
 SESSIONS = ["soak-a", "soak-b", "soak-c"]
 COMPACT_AFTER = 8
-# Short enough that GC deletes while the readers read; long enough that a compaction on a
-# loaded machine finishes within half of it (a slower one is withdrawn and retried, by design,
-# and five such retries park the job: with 4 s, a fully loaded two-core machine parked one).
-GRACE_S = 8.0
+GRACE_S = 4.0
 
 
 def _digest(ids: list[str]) -> str:
