@@ -148,9 +148,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "long: takes tens of seconds on its own; collected first (and handed out one at a "
-        "time, --maxschedchunk=1), so that the long tests start early on different workers "
-        "instead of ending the run with them",
+        "long: takes tens of seconds on its own; collected first, so that the long tests start "
+        "early instead of ending the run with them",
     )
     config.addinivalue_line(
         "markers",
