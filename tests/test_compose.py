@@ -7,10 +7,8 @@ ready and serve their metrics.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +21,7 @@ import httpx
 import pytest
 import yaml
 from conftest import _in_ci
+from harness.serve_process import free_port, server_env, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -61,12 +60,6 @@ def test_the_stack_has_the_service_the_compactor_and_their_health_checks() -> No
     assert tokens["tenants"]["*"] and tokens["tenants"]["acme"], "the example tokens file"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _as_here(command: list[str], s3_url: str, redis_url: str, redis_prefix: str,
              swap: dict[str, str]) -> list[str]:
     """A compose command as this machine runs it: the stack's backends are the test's, the
@@ -86,18 +79,12 @@ def _as_here(command: list[str], s3_url: str, redis_url: str, redis_prefix: str,
 
 @contextmanager
 def _running(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=server_env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        stop(proc)
 
 
 def _until(url: str, proc: subprocess.Popen[bytes], log: Path, **kwargs: Any) -> httpx.Response:
@@ -120,7 +107,7 @@ def test_the_stacks_service_and_compactor_run_as_written(
     services = compose()["services"]
     tokens = json.loads((ROOT / "infra" / "tokens.example.json").read_text())
     operator, tenant = tokens["tenants"]["*"][0], tokens["tenants"]["acme"][0]
-    http_port, metrics_port = _free_port(), _free_port()
+    http_port, metrics_port = free_port(), free_port()
     swap = {"4437": str(http_port), "9101": str(metrics_port), "0.0.0.0": "127.0.0.1",
             "/run/sessionstore/tokens.json": str(ROOT / "infra" / "tokens.example.json")}
     serve = _as_here(services["service"]["command"], s3_url, redis_url, redis_prefix, swap)

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from harness.serve_process import cli, server_env
+from harness.serve_process import cli, serve, server_env
 
 from store import SessionStore
 from store.errors import InvalidInputError
@@ -37,47 +37,14 @@ BETA = {"authorization": f"Bearer {BETA_TOKEN}"}
 JSON = {"content-type": "application/json"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def serve_process(tmp_path: Path, redis_url: str, redis_prefix: str, *args: str,
                   env: dict[str, str] | None = None) -> Iterator[str]:
     """``sessionstore serve ARGS`` as a process of its own (a directory store, the test's
     Redis) on a free loopback port; yields its base URL once /healthz answers."""
-    port = _free_port()
-    log_path = tmp_path / f"serve-{port}.log"
-    command = cli("--objects", str(tmp_path / "objects"), "--redis", redis_url, "--redis-prefix", redis_prefix,
-                  "serve", "--host", "127.0.0.1", "--port", str(port), *args)
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, cwd=tmp_path, env={**server_env(), **(env or {})},
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"sessionstore serve exited with {process.returncode}:\n{log_path.read_text()}",
-                            pytrace=False)
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"sessionstore serve not up:\n{log_path.read_text()}", pytrace=False)
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    store_args = ["--objects", str(tmp_path / "objects"), "--redis", redis_url, "--redis-prefix", redis_prefix]
+    with serve(store_args, tmp_path / "serve.log", cwd=tmp_path, serve_args=args, env=env) as server:
+        yield server.url
 
 
 def _port(url: str) -> int:

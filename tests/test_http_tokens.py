@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -20,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from harness.serve_process import cli, server_env
+from harness.serve_process import cli, serve, server_env
 from starlette.routing import Route
 
 from store.errors import InvalidInputError
@@ -581,45 +580,12 @@ def test_a_tenant_over_its_follower_cap_gets_429_for_the_next_follower(serve, to
 # --- the access log, on a real ``sessionstore serve`` ----------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def serve_process(tmp_path: Path, redis_url: str, redis_prefix: str, *args: str) -> Iterator[tuple[str, Path]]:
-    """``sessionstore serve ARGS`` (a directory store, the test's Redis) on a free port:
-    (base URL, the file of its stdout and stderr)."""
-    port = _free_port()
-    log_path = tmp_path / f"serve-{port}.log"
-    command = cli("--objects", str(tmp_path / "objects"), "--redis", redis_url, "--redis-prefix", redis_prefix,
-                  "serve", "--host", "127.0.0.1", "--port", str(port), *args)
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, cwd=tmp_path, env=server_env(), stdin=subprocess.DEVNULL,
-                                   stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"serve exited with {process.returncode}:\n{log_path.read_text()}", pytrace=False)
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"serve not up:\n{log_path.read_text()}", pytrace=False)
-            time.sleep(0.1)
-        yield url, log_path
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    """``sessionstore serve ARGS`` as a process of its own on the test's Redis: (URL, log)."""
+    store_args = ["--objects", str(tmp_path / "objects"), "--redis", redis_url, "--redis-prefix", redis_prefix]
+    with serve(store_args, tmp_path / "serve.log", cwd=tmp_path, serve_args=args) as server:
+        yield server.url, server.log_path
 
 
 def test_the_access_log_has_a_line_a_request_and_never_a_token_a_body_or_a_query(

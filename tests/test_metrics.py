@@ -129,17 +129,16 @@ def test_the_compactor_worker_serves_its_metrics(
 ) -> None:
     """``python -m compactor work --metrics-port``: the queue's backlog while a job waits, the
     job done once the worker took it, and the worker's own object-store requests."""
-    import socket
     import subprocess
     from pathlib import Path
+
+    from harness.serve_process import free_port
 
     writer = make_store(compact_after_segments=2)
     writer.create_session("w")
     writer.append_session_entries("w", [entry("a", None)])
     writer.append_session_entries("w", [entry("b", "a")])  # a compaction job is queued
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = open(tmp_path / "worker.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "compactor", "work", "--objects", s3_url, "--redis", redis_url,

@@ -75,6 +75,8 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 from urllib.parse import parse_qs, unquote, urlparse
 
+from benchmarks.peers import embedded_stopper
+
 FRAMEWORK = "langgraph"
 OURS = "sessionstore"
 S3_PACKAGE = "langgraph-checkpoint-objectstorage[s3]"
@@ -501,27 +503,6 @@ def _race_rows(spec: dict[str, Any], run_id: str, rounds: int) -> list[dict[str,
     ]
 
 
-# --- the embedded redis-server of a file:// store ----------------------------------------------
-
-
-def _embedded_stopper(objects_url: str, redis_url: str | None) -> Callable[[], None]:
-    """Stop, at the end, an embedded redis-server that this run starts (and only that)."""
-    parsed = urlparse(objects_url)
-    if redis_url is not None or parsed.scheme != "file":
-        return lambda: None
-    from store.backends.embedded import EmbeddedRedis
-
-    embedded = EmbeddedRedis(Path(unquote(parsed.path)) / ".redis")
-    if embedded.running():
-        return lambda: None  # someone else's: leave it
-
-    def stop() -> None:
-        if embedded.running():
-            embedded.stop()
-
-    return stop
-
-
 # --- the entry point ---------------------------------------------------------------------------
 
 
@@ -538,7 +519,7 @@ def run(objects_url: str, redis_url: str | None, workdir: Path, *, quick: bool,
     rounds = rounds or (5 if quick else 20)
     reps = 1 if quick else 3
     list_n = 50 if quick else 200
-    stop_embedded = _embedded_stopper(objects_url, redis_url)
+    stop_embedded = embedded_stopper(objects_url, redis_url)
     specs = _specs(objects_url, redis_url, workdir, run_id)
     rows: list[dict[str, Any]] = []
     try:

@@ -40,11 +40,12 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
+
+from benchmarks.peers import embedded_stopper
 
 FRAMEWORK = "strands"
 AGENT_ID = "bench-agent"
@@ -299,27 +300,6 @@ def _row(spec: dict[str, Any], metric: str, value: float, unit: str) -> dict[str
     return {"framework": FRAMEWORK, "backend": spec["backend"], "metric": metric, "value": float(value), "unit": unit}
 
 
-# --- the embedded redis-server of a file:// store ----------------------------------------------
-
-
-def _embedded_stopper(objects_url: str, redis_url: str | None) -> Callable[[], None]:
-    """Stop, at the end, an embedded redis-server that this run starts (and only that)."""
-    parsed = urlparse(objects_url)
-    if redis_url is not None or parsed.scheme != "file":
-        return lambda: None
-    from store.backends.embedded import EmbeddedRedis
-
-    embedded = EmbeddedRedis(Path(unquote(parsed.path)) / ".redis")
-    if embedded.running():
-        return lambda: None  # someone else's: leave it
-
-    def stop() -> None:
-        if embedded.running():
-            embedded.stop()
-
-    return stop
-
-
 # --- the entry point ---------------------------------------------------------------------------
 
 
@@ -332,7 +312,7 @@ def run(objects_url: str, redis_url: str | None, workdir: Path, *, quick: bool) 
     sizes = [1000] if quick else [1000, 10_000]
     per_writer = 10 if quick else 50
     reps = 1 if quick else 3
-    stop_embedded = _embedded_stopper(objects_url, redis_url)
+    stop_embedded = embedded_stopper(objects_url, redis_url)
     specs = _specs(objects_url, redis_url, workdir, run_id)
     rows: list[dict[str, Any]] = []
     try:

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 LONG_POLL_TIMEOUT_S = 2
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -56,26 +56,28 @@ class ServeProcess:
 
 
 @contextmanager
-def serve(store_args: Sequence[str], log_path: Path, *, cwd: Path) -> Iterator[ServeProcess]:
-    """``sessionstore STORE_ARGS serve`` on a free loopback port, up once ``/healthz`` says 200;
-    terminated (then killed) on exit."""
+def serve(store_args: Sequence[str], log_path: Path, *, cwd: Path, serve_args: Sequence[str] = (),
+          env: dict[str, str] | None = None) -> Iterator[ServeProcess]:
+    """``sessionstore STORE_ARGS serve SERVE_ARGS`` on a free loopback port (``env`` over the
+    test's environment), up once ``/healthz`` says 200; terminated (then killed) on exit."""
     for attempt in range(3):
-        port = _free_port()
+        port = free_port()
         command = cli(*store_args, "serve", "--host", "127.0.0.1", "--port", str(port),
-                       "--long-poll-timeout", str(LONG_POLL_TIMEOUT_S))
+                       "--long-poll-timeout", str(LONG_POLL_TIMEOUT_S), *serve_args)
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(command, cwd=cwd, env=server_env(), stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(command, cwd=cwd, env={**server_env(), **(env or {})},
+                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         server = ServeProcess(process, f"http://127.0.0.1:{port}", log_path)
         try:
             if _wait_healthy(server, last_attempt=attempt == 2):
                 yield server
                 return
         finally:
-            _stop(process)
+            stop(process)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Terminate ``process``, then kill it if it has not ended within 10 s."""
     if process.poll() is None:
         process.terminate()
         try:
@@ -108,4 +110,4 @@ def _wait_healthy(server: ServeProcess, *, last_attempt: bool, timeout: float = 
                 pytrace=False)
 
 
-__all__ = ["ServeProcess", "cli", "serve", "server_env"]
+__all__ = ["ServeProcess", "cli", "free_port", "serve", "server_env", "stop"]
