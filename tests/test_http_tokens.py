@@ -12,7 +12,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -354,17 +354,7 @@ def test_the_file_forms_and_what_each_grants(tmp_path: Path) -> None:
 # --- reload -----------------------------------------------------------------------------------
 
 
-def _within(seconds: float, ok: Callable[[], bool]) -> float | None:
-    """Seconds until ``ok()`` held (tried every 50 ms), or None if it did not within ``seconds``."""
-    start = time.monotonic()
-    while time.monotonic() - start < seconds:
-        if ok():
-            return time.monotonic() - start
-        time.sleep(0.05)
-    return None
-
-
-def test_a_removed_token_stops_working_within_a_second_and_a_broken_file_keeps_the_old_tokens(
+def test_a_removed_token_stops_working_at_the_next_request_and_a_broken_file_keeps_the_old_tokens(
     serve, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="sessionstore.http")
@@ -381,34 +371,35 @@ def test_a_removed_token_stops_working_within_a_second_and_a_broken_file_keeps_t
         assert (status(ACME_R), status(new_token)) == (200, 401)
         # Edited in place: ACME_R removed, a new token added.
         path.write_text(json.dumps({"tenants": {"acme": [ACME_W, new_token], "beta": [BETA_W]}}))
-        took = _within(1.0, lambda: status(ACME_R) == 401)
-        assert took is not None, "the removed token still worked a second after the change"
-        assert _within(1.0, lambda: status(new_token) == 200) is not None
+        # The very next request sees the file as it is (no window in which a process that was
+        # paused, or merely between two looks, still honours the removed token).
+        assert status(ACME_R) == 401, "the removed token still worked after the change"
+        assert status(new_token) == 200
         assert status(ACME_W) == 200
         # Replaced by rename: the read token is back, with its scope.
         write_tokens(path, {"tenants": {"acme": [ACME_W, {"token": ACME_R, "scope": "read"}], "beta": [BETA_W]}})
-        assert _within(1.0, lambda: status(ACME_R) == 200 and status(new_token) == 401) is not None
+        assert (status(ACME_R), status(new_token)) == (200, 401)
         r = c.post(url + ROOT + "acme/s", headers=bearer(ACME_R, **TEXT), content=b"y")
         _refused(r, 403, "insufficient-scope")
 
         # A broken file: the tokens in force stay, one error line naming the file and the problem.
         caplog.clear()
         write_tokens(path, '{"tenants": {"acme": [')
-        time.sleep(1.2)  # several polls
-        assert (status(ACME_W), status(ACME_R)) == (200, 200)
+        for _ in range(3):  # several requests, each looking at the file
+            assert (status(ACME_W), status(ACME_R)) == (200, 200)
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert len(errors) == 1, errors
         assert str(path) in errors[0] and "tokens in force stay" in errors[0]
         # Another refused file (a bad scope): one more line, still the old tokens.
         write_tokens(path, {"tenants": {"acme": [{"token": ACME_W, "scope": "everything"}]}})
-        assert _within(1.0, lambda: len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 2) is not None
+        assert status(ACME_W) == 200
+        assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 2
         assert "unknown scope 'everything'" in caplog.records[-1].getMessage()
         # A removed file is refused alike; a good file afterwards is read.
         path.unlink()
-        time.sleep(0.8)
         assert status(ACME_R) == 200
         write_tokens(path, {"tenants": {"acme": [ACME_W]}})
-        assert _within(1.0, lambda: status(ACME_R) == 401) is not None
+        assert status(ACME_R) == 401
         assert status(ACME_W) == 200
         for record in caplog.records:
             assert all(token not in record.getMessage() for token in (ACME_W, ACME_R, BETA_W, new_token))

@@ -152,27 +152,22 @@ class StreamService:
 
     @property
     def tokens(self) -> Tokens | None:
-        """The tokens in force (None: no tokens)."""
-        return self.token_file.tokens if self.token_file is not None else self._tokens
+        """The tokens in force (None: no tokens). A tokens file is looked at on every request
+        (one ``stat``; read again when it changed): a process that was paused answers its next
+        request with the file as it is now, never with the tokens it read before the pause."""
+        if self.token_file is None:
+            return self._tokens
+        self.token_file.poll()
+        return self.token_file.tokens
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.notifier.start()
-        watcher = asyncio.create_task(self._watch_tokens()) if self.token_file is not None else None
         try:
             yield
         finally:
-            if watcher is not None:
-                watcher.cancel()
             await self.claude.close()
             await asyncio.get_running_loop().run_in_executor(None, self.close)
-
-    async def _watch_tokens(self) -> None:
-        """Read the tokens file again whenever it changes (``TokenFile``), while the app runs."""
-        assert self.token_file is not None
-        while True:
-            await asyncio.sleep(TokenFile.POLL_S)
-            await asyncio.to_thread(self.token_file.poll)
 
     def close(self) -> None:
         self.notifier.close()

@@ -196,17 +196,15 @@ class Tokens:
 
 
 class TokenFile:
-    """A tokens file, re-read when it changes: :meth:`poll` (the service calls it every
-    :data:`POLL_S`) compares the file's identity (inode, size, modification and change
-    times) with the one it last read, and reads it again when they differ.
+    """A tokens file, re-read when it changes: :meth:`poll` (the service calls it on every
+    request) compares the file's identity (inode, size, modification and change times) with
+    the one it last read, and reads it again when they differ.
 
     The identity is taken *before* the file is read, so a change made while it is read is
     seen at the next poll. A file that is refused (unreadable, not JSON, any check of
     :class:`Tokens`) leaves :attr:`tokens` as they were and is logged once, as one line
     naming the file and the problem; it is tried again when it changes again. A removed file
     is refused alike (the tokens in force stay)."""
-
-    POLL_S = 0.3
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
