@@ -98,6 +98,7 @@ SAMPLES = [
     ("GET", "/metrics", b"", False, "metrics"),
     ("HEAD", "/metrics", b"", False, "metrics"),
     ("GET", "/ui", b"", False, "ui"),
+    ("HEAD", "/ui", b"", False, "ui"),
     ("GET", "/ui/", b"", False, "ui"),
     ("HEAD", "/ui/viewer.js", b"", False, "ui"),
     ("OPTIONS", ROOT + "acme/s", b"", False, "preflight"),
