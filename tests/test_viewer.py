@@ -387,6 +387,38 @@ def test_entries_from_another_writer_appear_live_in_commit_order(browser: Any, s
     wait_for(lambda: LIVE_SECRET not in browser.page_source, 2.0, "the redacted content gone")
 
 
+def test_a_dropped_connection_resumes_from_its_last_offset(browser: Any, server: ServeProcess, store: SessionStore,
+                                                           tcp_proxy_factory: Callable[..., Any]) -> None:
+    """The viewer talks to the service through a TCP proxy that resets every connection (the
+    live read's included) between appends, then swallows everything for a while: each entry
+    appears once, in commit order, once the viewer has reconnected from its offset."""
+    sid = "viewer-drops"
+    store.create_session(sid, cwd="/work/drops")
+    mgr = store.open_session(sid)
+    mgr.append_message(user("DROP-0: before any drop"))
+    port = int(server.url.rsplit(":", 1)[1])
+    proxy = tcp_proxy_factory("127.0.0.1", port)
+    open_view(browser, f"http://127.0.0.1:{proxy.port}/ui/#/session/{sid}")
+    state = "return document.getElementById('live-status').dataset.state"
+    wait_for(lambda: js(browser, state) == "live", 10, "following through the proxy")
+    for i in range(1, 5):
+        assert proxy.reset_connections() >= 1
+        mgr.append_message(assistant(f"DROP-{i}: appended while the viewer reconnects"))
+        wait_for(lambda i=i: f"DROP-{i}:" in context_text(browser), 5, f"entry {i} after a reset")
+    proxy.blackhole()
+    wait_for(lambda: proxy.reset_connections() >= 0 and js(browser, state) == "reconnecting", 10,
+             "the viewer saying it reconnects")
+    for i in range(5, 8):
+        mgr.append_message(user(f"DROP-{i}: appended while the service was out of reach"))
+    proxy.heal()
+    wait_for(lambda: "DROP-7:" in context_text(browser), 10, "the entries of the outage")
+    seen = context_text(browser)
+    positions = [seen.find(f"DROP-{i}:") for i in range(8)]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), positions
+    assert all(seen.count(f"DROP-{i}:") == 1 for i in range(8))
+    assert len(rows(browser)) == 8
+
+
 def test_a_json_stream_is_shown_as_its_messages_live(browser: Any, server: ServeProcess) -> None:
     url = server.url + "/v1/stream/viewer/events"
     with httpx.Client(timeout=30) as c:
@@ -513,6 +545,7 @@ def test_a_10000_entry_session_opens_and_scrolls(browser: Any, server: ServeProc
     wait_for(lambda: context_leaf(browser) == "e09999", 30, "the leaf's context")
     # Only the rows in view exist, wherever the list is scrolled.
     in_document = js(browser, "return document.querySelectorAll('#tree .vrow').length")
+    print(f"viewer: {in_document} row elements in the document for 10,000 entries")
     assert 10 <= in_document <= 150
     assert js(browser, "return document.querySelector('#tree .vlist-spacer').offsetHeight") == 10_000 * 24
     for target in (0, 5000, 9990):
