@@ -23,7 +23,7 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +193,7 @@ def user(text: str, image: bool = False) -> dict[str, Any]:
     return {"role": "user", "content": content, "timestamp": 1}
 
 
-def assistant(text: str, calls: list[tuple[str, str, dict[str, Any]]] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+def assistant(text: str, calls: Sequence[tuple[str, str, dict[str, Any]]] = ()) -> dict[str, Any]:
     content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     content += [{"type": "toolCall", "id": cid, "name": name, "arguments": args} for cid, name, args in calls]
     return {"role": "assistant", "content": content, "api": "anthropic-messages", "provider": "anthropic",
@@ -281,6 +281,18 @@ def test_the_list_shows_the_sessions_and_searches_by_title(browser: Any, server:
     wait_for(lambda: js(browser, "return [...document.querySelectorAll('#sessions tr.session-row')]"
                                  ".map(r => r.dataset.name).join()") == "viewer-demo-fork", 10, "only the fork listed")
     assert "title=alternative" in browser.current_url
+    # The fork: its history is its source's path, and it links to its source.
+    js(browser, "document.querySelector(\"tr.session-row[data-name='viewer-demo-fork'] a\").click()")
+    wait_for(lambda: "Three files" in context_text(browser), 10, "the fork's context")
+    fork_info = wait_for(lambda: js(browser, "const a = document.querySelector('#fork-info a');"
+                                             "return a && [a.innerText, a.getAttribute('href')]"), 10, "the fork's source")
+    assert fork_info == ["viewer-demo", "#/session/viewer-demo"]
+    assert f"at {demo['answer']}" in js(browser, "return document.getElementById('fork-info').innerText")
+    # Opened by its URL in a new page, the viewer finds the fork's row in the listing itself.
+    open_view(browser, f"{server.url}/ui/#/session/viewer-demo-fork")
+    assert wait_for(lambda: js(browser, "const a = document.querySelector('#fork-info a');"
+                                        "return a && a.getAttribute('href')"), 10, "the fork's source") \
+        == "#/session/viewer-demo"
 
 
 def test_a_session_shows_its_tree_and_what_the_model_saw_at_its_leaf(browser: Any, server: ServeProcess,
@@ -300,7 +312,6 @@ def test_a_session_shows_its_tree_and_what_the_model_saw_at_its_leaf(browser: An
     # What the compaction summarises is marked on the path: the entries before plan B.
     assert "summarised" in tree[demo["answer"]]["cls"] and "summarised" not in tree[demo["plan_b_ask"]]["cls"]
     assert "redacted" in tree[demo["leak"]]["cls"] and "a deploy token leaked" in tree[demo["leak"]]["text"]
-    # The fork's source link comes from the listing.
     # What the model saw: the compaction's summary, then what it kept, the image as an image,
     # tool calls and results folded, the code block as code.
     seen = context_text(browser)
