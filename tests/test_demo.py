@@ -8,11 +8,14 @@ it, which the demo must stop when it is done).
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
+from harness.serve_process import serve
 from test_cli import subprocess_env
 
 from store.backends.embedded import EmbeddedRedis
@@ -91,6 +94,17 @@ def test_demo_with_keep_says_where_its_data_is(tmp_path: Path) -> None:
         assert report["store"]["kept"] is True and directory.is_dir()
         assert f"kept the demo's data: embedded store in {directory}; look at it with `sessionstore --objects {directory} ls`" in stderr
         assert f"`sessionstore --objects {directory} embedded stop` stops it" in stderr
+        # ... and how to see it in a browser: the printed command serves the demo's sessions and
+        # the viewer (run here on a free port; the line names the default one).
+        assert (f"see it in a browser: `sessionstore --objects {directory} serve`, then open "
+                "http://127.0.0.1:4437/ui/") in stderr
+        line = next(line for line in stderr.splitlines() if line.startswith("see it in a browser: "))
+        command = shlex.split(line.split("`")[1])
+        assert command[0] == "sessionstore" and command[-1] == "serve"
+        with serve(command[1:-1], tmp_path / "serve.log", cwd=tmp_path) as server:
+            assert httpx.get(server.url + "/ui/").status_code == 200
+            listed_over_http = httpx.get(server.url + "/v1/sessions").json()["sessions"]
+            assert len(listed_over_http) >= 1
         assert "removed at the end" not in stderr
         listed = subprocess.run([sys.executable, "-m", "store.cli", "--objects", str(directory), "ls", "--json"],
                                 capture_output=True, env=subprocess_env(), timeout=60)

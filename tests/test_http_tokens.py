@@ -97,6 +97,10 @@ SAMPLES = [
     ("HEAD", "/readyz", b"", False, "ready"),
     ("GET", "/metrics", b"", False, "metrics"),
     ("HEAD", "/metrics", b"", False, "metrics"),
+    ("GET", "/ui", b"", False, "ui"),
+    ("HEAD", "/ui", b"", False, "ui"),
+    ("GET", "/ui/", b"", False, "ui"),
+    ("HEAD", "/ui/viewer.js", b"", False, "ui"),
     ("OPTIONS", ROOT + "acme/s", b"", False, "preflight"),
     ("OPTIONS", "/v1/sessions", b"", False, "preflight"),
     ("OPTIONS", "/v1/sessions/acme/s:fork", b"", False, "preflight"),
@@ -137,7 +141,7 @@ def test_every_route_and_method_of_the_app_has_a_class_and_every_class_is_reacha
         # What the table does not name reaches no route.
         for method, path in (("PATCH", ROOT + "acme/s"), ("GET", "/v1/claude/load"), ("POST", "/v1/sessions"),
                              ("GET", "/v1/sessions/acme/s:fork"), ("POST", "/v1/claude/nonsense"),
-                             ("GET", "/admin")):
+                             ("GET", "/admin"), ("POST", "/ui/"), ("PUT", "/ui/index.html")):
             assert route_class(method, path, b"", False) is None, (method, path)
     finally:
         service.close()

@@ -15,11 +15,15 @@ from store.errors import InvalidInputError
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONNECTIONS = 1000
+#: Where serve listens by default, and where its browser viewer is (store/http/viewer.py).
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 4437
+VIEWER_PATH = "/ui/"
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
-    p.add_argument("--port", type=int, default=4437, help="port (default %(default)s)")
+    p.add_argument("--host", default=DEFAULT_HOST, help="address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default %(default)s)")
     p.add_argument("--long-poll-timeout", type=float, default=2.0, metavar="SECONDS",
                    help="how long a long-poll waits at the tail before answering 204 (default %(default)s)")
     p.add_argument("--sse-max", type=float, default=60.0, metavar="SECONDS",
@@ -104,7 +108,8 @@ def cmd_serve(args: argparse.Namespace, ctx: Ctx) -> int:
         body_timeout_s=args.body_timeout,
     )
     limits = ServerLimits(header_timeout_s=args.header_timeout, max_connections=args.max_connections)
-    err(f"serving Durable Streams at http://{host}:{args.port}/v1/stream/ (Ctrl-C to stop)")
+    err(f"serving Durable Streams at http://{host}:{args.port}/v1/stream/ and the viewer at "
+        f"http://{host}:{args.port}{VIEWER_PATH} (Ctrl-C to stop)")
     logging.basicConfig(level=logging.WARNING)
     if args.access_log is not None:
         _log_access_to(args.access_log)
@@ -133,4 +138,4 @@ def _loopback(host: str) -> bool:
         return False
 
 
-__all__ = ["add_serve_arguments", "cmd_serve"]
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "VIEWER_PATH", "add_serve_arguments", "cmd_serve"]

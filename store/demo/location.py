@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse, urlunparse
 
 from store.cli.common import ENV_OBJECTS, ENV_REDIS, CliError, Exit, err, objects_url_of
+from store.cli.serve import DEFAULT_HOST, DEFAULT_PORT, VIEWER_PATH
 
 if TYPE_CHECKING:
     from store.cli.ctx import Ctx
@@ -110,12 +111,18 @@ def cleanup_local(loc: Location, log_dir: Path, *, keep: bool) -> None:
     say_removed(loc)
 
 
+#: Where ``sessionstore serve`` shows its viewer by default.
+VIEWER_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}{VIEWER_PATH}"
+
+
 def say_kept(loc: Location, log_dir: Path) -> None:
     """Where the kept data is, and how to look at it."""
     where = _objects_arg(loc)
     redis = f" --redis '{loc.redis_url}'" if loc.redis_url else ""
     prefix = f" --redis-prefix {loc.redis_prefix}" if loc.external else ""
     err(f"kept the demo's data: {loc.description}; look at it with `sessionstore --objects {where}{redis}{prefix} ls`")
+    err(f"see it in a browser: `sessionstore --objects {where}{redis}{prefix} serve`, then open "
+        f"{VIEWER_URL} (its sessions, their trees and what the model saw, live)")
     if loc.embedded_dir is not None:
         err(f"its embedded redis-server keeps running: `sessionstore --objects {where} embedded stop` stops it")
     err(f"kept the demo's logs in {log_dir}")

@@ -7,7 +7,7 @@ the app without a line here answers nothing until it has one.
 
 | action | granted to |
 | --- | --- |
-| ``public`` | everyone, without a token (``/healthz``, ``/readyz``, CORS preflights) |
+| ``public`` | everyone, without a token (``/healthz``, ``/readyz``, CORS preflights, the viewer's static files under ``/ui/``) |
 | ``read`` | every token of the tenant (scope ``read`` or ``write``) |
 | ``write``, ``delete`` | tokens of scope ``write`` |
 | ``admin`` | the operator's tokens (tenant ``*``, scope ``write``, no prefix) |
@@ -41,6 +41,8 @@ ROUTES: dict[str, Rule] = {
     "ready": Rule(PUBLIC, named=False),
     "metrics": Rule(ADMIN, named=False),
     "preflight": Rule(PUBLIC, named=False),
+    # /ui/ (store/http/viewer.py): the viewer's files; its data comes from the routes below
+    "ui": Rule(PUBLIC, named=False),
     # /v1/stream/<name> (store/http/app.py)
     "stream.create": Rule(WRITE_ACTION),
     "stream.fork": Rule(WRITE_ACTION),
@@ -82,6 +84,8 @@ def route_class(method: str, path: str, query: bytes, forked: bool) -> str | Non
         return "ready"
     if path == "/metrics" and method in ("GET", "HEAD"):
         return "metrics"
+    if (path == "/ui" or path.startswith("/ui/")) and method in ("GET", "HEAD"):
+        return "ui"
     known = path.startswith(("/v1/stream/", "/v1/claude/")) or path == "/v1/sessions" \
         or path.startswith("/v1/sessions/")
     if not known:

@@ -46,6 +46,7 @@ from store.http.limits import Limiter, TenantLimits
 from store.http.notify import Notifier
 from store.http.problems import problem_of
 from store.http.sessions import SESSIONS_ROOT, SessionRoutes
+from store.http.viewer import UI_ROOT, ViewerFiles
 from store.http.wire import (
     OFFSET_PARAM,
     STREAM_ROOT,
@@ -127,6 +128,7 @@ class StreamService:
         methods = ["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS"]
         self.sessions = SessionRoutes(self)
         self.claude = ClaudeRoutes(self)
+        self.viewer = ViewerFiles()
         self.app = Starlette(
             routes=[
                 Route(STREAM_ROOT + "{name:path}", self.handle, methods=methods),
@@ -137,6 +139,9 @@ class StreamService:
                 Route("/healthz", self.health, methods=["GET"]),
                 Route("/readyz", self.ready, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
+                # The browser viewer's static files (store/http/viewer.py): GET only, public.
+                Route(UI_ROOT.rstrip("/"), self.viewer.redirect, methods=["GET"]),
+                Route(UI_ROOT + "{path:path}", self.viewer.handle, methods=["GET"]),
             ],
             lifespan=self._lifespan,
         )
