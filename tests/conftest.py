@@ -164,8 +164,37 @@ def pytest_configure(config: pytest.Config) -> None:
     selected_s3_backends()  # a bad SESSIONSTORE_TEST_S3_BACKENDS is a usage error up front
 
 
+#: About how many seconds each long test of a module takes on a loaded 2-core machine: what
+#: ``pytest_collection_modifyitems`` balances the two lanes of long tests by (a module not
+#: listed counts ``LANE_DEFAULT_S``). Only the balance depends on these figures, never a result.
+LANE_WEIGHTS_S = {
+    "test_http_conformance": 90, "test_http_kills": 70, "test_soak": 55, "test_benchmarks_smoke": 50,
+    "test_compactor_soak": 40, "test_multiprocess": 25, "test_adapter_langgraph": 20,
+}
+LANE_DEFAULT_S = 15
+LANES = ("long-a", "long-b")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long tests first, in two lanes (``xdist_group`` marks; the run's ``--dist
+    loadgroup`` gives each lane to one worker, which runs its tests one after another): each
+    worker then starts on its lane or on the short tests, and the long tests run at most two
+    at a time, so that their processes do not all load the machine at once (the kill test's
+    recovery bound, tests/test_http_kills.py, failed when every worker ran long tests)."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: order kept otherwise
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("long") is None:
+            break
+        modules.setdefault(item.module.__name__.rpartition(".")[2], []).append(item)
+    # A module's long tests share a lane (the two kill runs never overlap); heaviest first.
+    load = dict.fromkeys(LANES, 0)
+    for module, long_items in sorted(modules.items(),
+                                     key=lambda kv: -len(kv[1]) * LANE_WEIGHTS_S.get(kv[0], LANE_DEFAULT_S)):
+        lane = min(LANES, key=lambda name: load[name])
+        load[lane] += len(long_items) * LANE_WEIGHTS_S.get(module, LANE_DEFAULT_S)
+        for item in long_items:
+            item.add_marker(pytest.mark.xdist_group(lane))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -192,7 +192,7 @@ def test_two_processes_on_one_directory_both_compacting_lose_nothing(directory: 
     """Two writer processes at once, each maintaining the directory: the same jobs queue, one
     consumer group, the manifest create as the arbiter. Each writes a session of its own and
     both write a shared one; every acknowledged entry reads back once, in each writer's order,
-    every session is compacted, and both processes' workers compacted some of it."""
+    every session is compacted, by the two processes' own workers."""
     SessionStore.from_url(directory.as_uri(), compact=False).close()  # the server, started once
     shared = """
 import os, sys
@@ -234,7 +234,10 @@ store.close()
             assert len(entries) == len(set(entries))
             assert store.manifests.latest(sid, store.get_header(sid).incarnation) is not None, sid
             workers.update(record.worker for record in Compactor(store).history(sid))
-        assert all(any(f"-{pid}-" in w for w in workers) for pid in pids), (pids, workers)
+        # Compacted by these processes' own workers (no other worker ran). Which of the two
+        # takes a job is the consumer group's choice: on a loaded machine one of them can take
+        # every job, so "both compacted some" would be a scheduling figure, not a guarantee.
+        assert workers and all(any(f"-{pid}-" in w for pid in pids) for w in workers), (pids, workers)
     finally:
         store.close()
 

@@ -34,7 +34,8 @@ from harness.serve_process import ServeProcess, serve
 from store.backends.embedded import EmbeddedRedis
 from store.core import SessionStore
 
-pytestmark = pytest.mark.timeout(300)
+# One browser and one service for the module (its fixtures): its tests run on one worker.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("viewer")]
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
