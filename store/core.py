@@ -368,11 +368,8 @@ class SessionStore:
         (``Reader.read_since``); the whole session (``whole``) when ``incarnation`` is not the
         session's (None: nothing read yet). Redactions come as the redaction entries
         themselves: applying them to what the caller holds is the caller's part.
-        ``SessionTrashedError`` for a session in the trash. ``probe=False``, for a writer
-        whose next append names the tail it read (``expected_tail_entry_id``): only what
-        Redis's tail names, without the GET past it, so an up-to-date writer reads no object
-        (a segment Redis has not heard of makes that append's compare-and-set fail, and the
-        writer reads again)."""
+        ``SessionTrashedError`` for a session in the trash. ``probe=False``: for a writer whose
+        next append names the tail it read (``Reader.read_since``)."""
         if isinstance(after_seq, bool) or not isinstance(after_seq, int) or after_seq < 0:
             raise InvalidInputError("after_seq must be an integer >= 0")
         if incarnation is not None and not isinstance(incarnation, str):
@@ -502,12 +499,9 @@ class SessionStore:
     ) -> SessionHandle:
         """Fork: a new session whose history is the source's path root..``from_entry_id``.
 
-        Nothing is copied: the fork's header points at the source (and its incarnation), and
-        reading the fork reads that path from the source, then the fork's own segments. Its
-        cost does not depend on the source's length (docs/design.md, "Forks").
-        ``pi_header``: fields added to the fork's pi header (its ``type``, ``version``,
-        ``id``, ``timestamp``, ``cwd`` and ``parentSession`` are the fork's own);
-        ``retention``: the fork's own TTL, recorded before its header (as ``create_session``).
+        Nothing is copied or read: the fork's header points at the source (its incarnation,
+        the entry's segment: docs/design.md, "Forks"). ``pi_header``: fields added to the
+        fork's pi header; ``retention``: its own TTL (as ``create_session``).
         """
         return fork_session(
             self.ctx, self.retention, self, self.tail, session_id, from_entry_id, new_session_id,
