@@ -307,6 +307,15 @@ class AppendCalls(RedisClient):
             return None
         return int(_s(got[1])) if got[1] is not None else 0
 
+    def position(self, sid: str, inc: str, entry_id: str) -> tuple[str, int]:
+        """Where Redis's index puts a committed entry of ``inc`` (scripts.POSITION):
+        ("AT", its segment), ("COMPACTED", iseq) or ("UNKNOWN", -1)."""
+        got = self._call(
+            lambda: self._position(keys=[self.keys.tail(sid), self.keys.ids(sid)], args=[inc, entry_id])
+        )
+        code = _s(got[0])
+        return code, int(got[1]) if len(got) > 1 else -1
+
     def tail(self, sid: str, *, recent: bool = False) -> TailState | None:
         """The session's state; ``recent``: with the recent-segments cache, in the same round
         trip (a pipeline: both keys are in the session's slot)."""

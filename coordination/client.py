@@ -104,6 +104,7 @@ class RedisClient:
         self._compacted = client.register_script(scripts.COMPACTED)
         self._retired = client.register_script(scripts.RETIRED)
         self._summary = client.register_script(scripts.SUMMARY)
+        self._position = client.register_script(scripts.POSITION)
         self._deleting = client.register_script(scripts.DELETING)
         self._release = client.register_script(scripts.RELEASE)
         self._gc_claim = client.register_script(scripts.GC_CLAIM)

@@ -643,6 +643,28 @@ if KEYS[2] then trim_recent(KEYS[2], tonumber(ARGV[2])) end
 return 1
 """
 
+POSITION = """
+-- POSITION: the segment of a committed entry of incarnation ARGV[1], as Redis's index knows
+-- it: where a fork at that entry starts (store/lifecycle/sessions.py). A read: changes nothing.
+-- KEYS[1] tail, KEYS[2] ids; ARGV[1] inc, ARGV[2] entry id
+-- Returns {'AT', seq}: the entry is the tail's last (seq: the tail's; 0 for a fork that has
+-- no segment of its own, whose last is its inherited fork point) or indexed at seq. Both
+-- are committed: Redis hears of a segment only after it exists and is durable, and the
+-- index only ever holds entries of committed segments of the tail's incarnation.
+-- {'COMPACTED', iseq}: not there, but the ids of segments 1..iseq (and of a fork's inherited
+-- path) live only in the data: the caller looks there (store/protocol/id_index.py).
+-- {'UNKNOWN'}: no state of that incarnation, or an id it does not hold (a segment past
+-- Redis's tail, an index that lost keys, no such entry): the caller reads the session.
+local t = redis.call('HMGET', KEYS[1], 'inc', 'seq', 'last', 'iseq')
+if t[1] ~= ARGV[1] then return {'UNKNOWN'} end
+if ARGV[2] ~= '' and t[3] == ARGV[2] then return {'AT', tonumber(t[2])} end
+local v = redis.call('HGET', KEYS[2], ARGV[2])
+if v then return {'AT', tonumber(string.match(v, '^(%d+):'))} end
+local iseq = tonumber(t[4] or '-1')
+if iseq >= 0 then return {'COMPACTED', iseq} end
+return {'UNKNOWN'}
+"""
+
 SUMMARY = """
 -- SUMMARY: install a session's summary (what a listing shows) computed from the object store
 -- through segment ARGV[2] of incarnation ARGV[1] (store/protocol/listing.py).

@@ -187,10 +187,10 @@ class AsyncSessionStore:
         return await self._run(self._store.read_session, session_id)
 
     async def read_since(
-        self, session_id: str, *, incarnation: str | None, after_seq: int
+        self, session_id: str, *, incarnation: str | None, after_seq: int, probe: bool = True
     ) -> SessionChanges:
         return await self._run(
-            self._store.read_since, session_id, incarnation=incarnation, after_seq=after_seq
+            self._store.read_since, session_id, incarnation=incarnation, after_seq=after_seq, probe=probe
         )
 
     async def get_tail(self, session_id: str) -> TailInfo:
@@ -237,10 +237,18 @@ class AsyncSessionStore:
         return AsyncSessionManager(self, manager)
 
     async def branch_from_entry(
-        self, session_id: str, from_entry_id: str, new_session_id: str | None = None
+        self,
+        session_id: str,
+        from_entry_id: str,
+        new_session_id: str | None = None,
+        *,
+        config: dict[str, Any] | None = None,
+        pi_header: dict[str, Any] | None = None,
+        retention: Retention | None = None,
     ) -> AsyncSessionHandle:
         handle = await self._run(
-            self._store.branch_from_entry, session_id, from_entry_id, new_session_id
+            self._store.branch_from_entry, session_id, from_entry_id, new_session_id,
+            config=config, pi_header=pi_header, retention=retention,
         )
         return AsyncSessionHandle(self, handle.header)
 

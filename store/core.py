@@ -360,19 +360,22 @@ class SessionStore:
         refuse_if_trashed(data.header.session_id, data.last_entry_id)
         return data
 
-    def read_since(self, session_id: str, *, incarnation: str | None, after_seq: int) -> SessionChanges:
+    def read_since(
+        self, session_id: str, *, incarnation: str | None, after_seq: int, probe: bool = True
+    ) -> SessionChanges:
         """What the session holds beyond segment ``after_seq`` of ``incarnation``, for a
         reader that keeps what it read: only the new segments, in one parallel round
         (``Reader.read_since``); the whole session (``whole``) when ``incarnation`` is not the
         session's (None: nothing read yet). Redactions come as the redaction entries
         themselves: applying them to what the caller holds is the caller's part.
-        ``SessionTrashedError`` for a session in the trash."""
+        ``SessionTrashedError`` for a session in the trash. ``probe=False``: for a writer whose
+        next append names the tail it read (``Reader.read_since``)."""
         if isinstance(after_seq, bool) or not isinstance(after_seq, int) or after_seq < 0:
             raise InvalidInputError("after_seq must be an integer >= 0")
         if incarnation is not None and not isinstance(incarnation, str):
             raise InvalidInputError("incarnation must be a string or None")
         sid = check_session_id(session_id)
-        changes = self.reader.read_since(sid, incarnation, after_seq)
+        changes = self.reader.read_since(sid, incarnation, after_seq, probe=probe)
         if changes.entries:
             refuse_if_trashed(sid, str(changes.entries[-1]["id"]))
         return changes
@@ -491,14 +494,18 @@ class SessionStore:
         new_session_id: str | None = None,
         *,
         config: dict[str, Any] | None = None,
+        pi_header: dict[str, Any] | None = None,
+        retention: Retention | None = None,
     ) -> SessionHandle:
         """Fork: a new session whose history is the source's path root..``from_entry_id``.
 
-        Nothing is copied: the fork's header points at the source (and its incarnation), and
-        reading the fork reads that path from the source, then the fork's own segments.
+        Nothing is copied or read: the fork's header points at the source (its incarnation,
+        the entry's segment: docs/design.md, "Forks"). ``pi_header``: fields added to the
+        fork's pi header; ``retention``: its own TTL (as ``create_session``).
         """
         return fork_session(
-            self.ctx, self.retention, self, session_id, from_entry_id, new_session_id, config=config
+            self.ctx, self.retention, self, self.tail, session_id, from_entry_id, new_session_id,
+            config=config, pi_header=pi_header, setting=retention,
         )
 
     # --- retention and the trash (store/lifecycle/retention.py, docs/lifecycle.md) -----------------------

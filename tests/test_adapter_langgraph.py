@@ -318,6 +318,62 @@ def test_copy_thread_is_a_fork_and_both_threads_go_on(embedded_dir: Path) -> Non
             saver.copy_thread("thread-1", "copy")
 
 
+def _checkpoints(saver: SessionStoreSaver, thread_id: str, n: int) -> Iterator[tuple[Any, ...]]:
+    """The ``put`` arguments of ``n`` checkpoints, each a ``loop`` child of the one before."""
+    from langgraph.checkpoint.base import copy_checkpoint, empty_checkpoint
+    from langgraph.checkpoint.base.id import uuid6
+
+    config: dict[str, Any] = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    prev: Any = None
+    for step in range(n):
+        checkpoint = empty_checkpoint() if prev is None else copy_checkpoint(prev)
+        checkpoint["id"] = str(uuid6(clock_seq=step))
+        version = saver.get_next_version(checkpoint["channel_versions"].get("step"), None)
+        checkpoint["channel_versions"]["step"] = version
+        checkpoint["channel_values"]["step"] = step
+        yield config, checkpoint, {"source": "input" if step == 0 else "loop", "step": step, "parents": {}}, {
+            "step": version}
+        prev = checkpoint
+        config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint["id"]}}
+
+
+@pytest.mark.every_backend
+def test_a_warm_put_is_one_put_and_copy_thread_costs_what_a_short_thread_does(
+    make_store: Any,
+) -> None:
+    """The writer that wrote a thread's last checkpoint puts the next one with one object
+    request (its segment's PUT; Redis's tail, CHECK and COMMIT besides); and a cold
+    ``copy_thread`` of a thread of 300 checkpoints costs exactly the object requests of one
+    of 3: the source's tail and a fork (docs/adapters.md, "Costs")."""
+    saver = SessionStoreSaver(make_store(), namespace="cost")
+    puts: list[int] = []
+    for k, args in enumerate(_checkpoints(saver, "long", 300)):
+        before = saver.store.objects.requests["put"], sum(saver.store.objects.requests.values())
+        saver.put(*args)
+        if k >= 2:  # the thread and the run index exist, this saver wrote the last checkpoint
+            after = saver.store.objects.requests["put"], sum(saver.store.objects.requests.values())
+            puts.append(after[1] - before[1])
+            assert after[0] - before[0] == 1
+    assert set(puts) == {1}
+    for args in _checkpoints(saver, "short", 3):
+        saver.put(*args)
+
+    def copy_requests(source: str, target: str) -> dict[str, int]:
+        cold = SessionStoreSaver(make_store(), namespace="cost")
+        cold.store.create_session("warm-" + target)  # the backend's probe is not the copy's
+        cold.store.objects.requests.clear()
+        cold.copy_thread(source, target)
+        return {op: n for op, n in cold.store.objects.requests.items() if n}
+
+    want = {"get": 3, "head": 2, "put": 2}  # get_tail's HEAD past the tail, then the fork
+    assert copy_requests("long", "long-copy") == want
+    assert copy_requests("short", "short-copy") == want
+    latest = saver.get_tuple({"configurable": {"thread_id": "long-copy", "checkpoint_ns": ""}})
+    assert latest is not None and latest.checkpoint["channel_values"]["step"] == 299
+    assert {t.config["configurable"]["thread_id"] for t in saver.list(None)} == {
+        "long", "short", "long-copy", "short-copy"}
+
+
 def test_bad_input_is_refused_and_writes_nothing(embedded_dir: Path) -> None:
     with SessionStoreSaver.from_url((embedded_dir / "bad").as_uri()) as saver:
         with pytest.raises(InvalidInputError):

@@ -20,6 +20,7 @@ from store.errors import (
     BackendError,
     ConditionalWritesUnsupportedError,
     EntryNotFoundError,
+    InvalidInputError,
     SessionNotFoundError,
 )
 from store.protocol.headers import new_header, uuid7
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from store.protocol.api import Sessions
     from store.protocol.context import StoreContext
     from store.protocol.handles import SessionHandle
+    from store.protocol.tail import TailKeeper
     from store.lifecycle.retention import Retention, RetentionStore
 
 log = logging.getLogger("sessionstore")
@@ -111,29 +113,52 @@ def fork_session(
     ctx: StoreContext,
     retention: RetentionStore,
     sessions: Sessions,
+    tails: TailKeeper,
     session_id: str,
     from_entry_id: str,
     new_session_id: str | None,
     *,
     config: dict[str, Any] | None = None,
+    pi_header: dict[str, Any] | None = None,
+    setting: Retention | None = None,
 ) -> SessionHandle:
     """Fork (``SessionStore.branch_from_entry``): a new session whose history is the source's
     path root..``from_entry_id``. Nothing is copied: the fork's header points at the source
-    (and its incarnation), and reading the fork reads that path from the source, then the
-    fork's own segments."""
+    (its incarnation, the entry and the segment that holds it), and reading the fork reads
+    that path from the source, then the fork's own segments.
+
+    Nothing of the source is read either: the fork point's segment comes from Redis's tail
+    and index (``TailKeeper.position``: the source's tail, or any entry Redis indexes, in one
+    round trip; a compacted entry from the bases), or from the source's header (a fork of a
+    fork at the same point: 0, the end of its inherited path, as ids are unique within a
+    session), so a fork costs the same requests
+    whatever the source's length. Only an entry they cannot place (Redis without the
+    source's state, a segment Redis has not heard of) costs a read of the source, as a
+    resume does. The fork point is committed either way: Redis names only committed
+    segments, and a read only live ones."""
     sid = check_session_id(session_id)
-    source = sessions.read_session(sid)
-    seq = 0
-    for entry, s in zip(source.entries, source.seqs):
-        if entry["id"] == from_entry_id:
-            seq = s
-            break
+    if pi_header is not None and not isinstance(pi_header, dict):
+        raise InvalidInputError("pi_header must be a dict of the fork's extra header fields")
+    header = ctx.headers.get(sid)
+    if header.fork is not None and header.fork.entry_id == from_entry_id:
+        at: int | None = 0  # the source's own fork point: the end of its inherited path
     else:
-        if not any(e["id"] == from_entry_id for e in source.inherited):
-            raise EntryNotFoundError(sid, from_entry_id)
+        at = tails.position(sid, header, from_entry_id)
+    if at is None:
+        source = sessions.read_session(sid)
+        header = source.header
+        for entry, s in zip(source.entries, source.seqs):
+            if entry["id"] == from_entry_id:
+                at = s
+                break
+        else:
+            if not any(e["id"] == from_entry_id for e in source.inherited):
+                raise EntryNotFoundError(sid, from_entry_id)
+            at = 0
     new_sid = check_session_id(new_session_id if new_session_id is not None else uuid7())
-    src_pi = source.header.pi_header
-    pi_header = {
+    src_pi = header.pi_header
+    fields = {
+        **(pi_header or {}),
         "type": "session",
         "version": 3,
         "id": new_sid,
@@ -141,18 +166,20 @@ def fork_session(
         "cwd": src_pi.get("cwd", ""),
         "parentSession": sid,
     }
-    fork = ForkPoint(sid, source.header.incarnation, from_entry_id, seq, new_ref_token())
-    if seq > 0:
+    fork = ForkPoint(sid, header.incarnation, from_entry_id, at, new_ref_token())
+    ctx.fault("fork.placed", session_id=sid, entry_id=from_entry_id, seq=at)
+    if at > 0:
         # The fork's header, durable, names its fork point: the segment that holds it is
         # made durable first (its writer may have paused before its flush; docs/design.md,
         # "Durable before Redis hears of it").
-        at = ctx.layout.segment(sid, source.header.incarnation, seq)
-        ctx.options.retry.call(lambda: ctx.objects.flush(at))
+        key = ctx.layout.segment(sid, header.incarnation, at)
+        ctx.options.retry.call(lambda: ctx.objects.flush(key))
     # Registered before the header exists, checked after (store/lifecycle/retention.py,
     # ``live_forks``): a purge of the source either sees this fork or this fork sees the
-    # source in the trash and undoes itself.
+    # source in the trash and undoes itself. The check also finds a source deleted (or
+    # deleted and created again) since its header was read above.
     ref = retention.register_fork(fork, new_sid)
-    handle = sessions.create_session(new_sid, pi_header=pi_header, fork=fork, config=config)
+    handle = sessions.create_session(new_sid, pi_header=fields, fork=fork, config=config, retention=setting)
     try:
         retention.check_fork_source(fork)
     except SessionNotFoundError:

@@ -427,7 +427,9 @@ class Reader:
             return None
         return out, seq
 
-    def read_since(self, sid: str, incarnation: str | None, after_seq: int) -> SessionChanges:
+    def read_since(
+        self, sid: str, incarnation: str | None, after_seq: int, *, probe: bool = True
+    ) -> SessionChanges:
         """The entries committed after segment ``after_seq`` of ``incarnation``, for a caller
         that holds segments 1..``after_seq`` of it (a whole read when it holds none of the
         session's current life). What the caller holds stays true: a segment never changes
@@ -437,7 +439,9 @@ class Reader:
         One Redis round trip (the tail); the header from the process's cache while Redis
         names its incarnation, else one GET; then :meth:`read_after` with that tail: the
         segments after ``after_seq`` and the probe in one parallel round, or a whole read,
-        filtered, when it must.
+        filtered, when it must. ``probe=False`` (a writer whose next append is a
+        compare-and-set on what it read): only the segments Redis's tail names, no probe
+        past them; a segment Redis has not heard of is met by that append's PUT instead.
         """
         ctx = self.ctx
         state = self.objects.tail(sid)
@@ -451,7 +455,8 @@ class Reader:
             seqs = [0] * len(data.inherited) + data.seqs
             return SessionChanges(data.header, True, list(data.all_entries), seqs, data.seq)
         # Asked above: a session Redis knows nothing of costs no second round trip.
-        fresh, seq = self.read_after(sid, header, after_seq, tail=hint, tail_asked=True)
+        through = None if probe or hint is None else max(after_seq, hint.seq)
+        fresh, seq = self.read_after(sid, header, after_seq, through=through, tail=hint, tail_asked=True)
         return SessionChanges(header, False, [e for _, e in fresh], [s for s, _ in fresh], seq)
 
     def fork_path(self, fork: ForkPoint) -> Entries:

@@ -189,6 +189,29 @@ class TailKeeper:
             log.warning("listing summary of %s not installed (%s)", sid, exc)
         return fields
 
+    # --- where an entry is -------------------------------------------------------------------
+
+    def position(self, sid: str, header: Header, entry_id: str) -> int | None:
+        """The segment of incarnation ``header``'s committed entry ``entry_id`` (0: in its
+        inherited path), from Redis's tail and index (one round trip) or, for an entry they
+        compacted, from this process's copy of the compacted ids (the bases, read once);
+        None when neither can tell, and the caller reads the session. Never a guess: an
+        entry Redis or a base names is committed at that segment for the incarnation's life
+        (segments are immutable, compaction keeps every entry's segment number), whatever
+        happens after the answer."""
+        try:
+            code, seq = self.ctx.coord.position(sid, header.incarnation, entry_id)
+        except BackendError as exc:
+            log.warning("position of %s in %s not asked of Redis (%s): read instead", entry_id, sid, exc)
+            return None
+        if code == "AT":
+            return seq
+        if code != "COMPACTED":
+            return None
+        self.compacted.load(sid, header, seq)
+        found = self.compacted.lookup(sid, header.incarnation, [entry_id], ()).found
+        return int(found[0].split(":", 1)[0]) if found and found[0] else None
+
     # --- the true tail -----------------------------------------------------------------------
 
     def get_tail(self, sid: str) -> TailInfo:

@@ -10,7 +10,7 @@ checked against), so the session is one path and a fork at its tail holds all of
 | ``langgraph.checkpoint`` | ``c.`` + digest(ns, checkpoint id, checkpoint, metadata) | the checkpoint without its channel values, its metadata, its parent |
 | ``langgraph.writes`` | ``w.`` + digest(ns, checkpoint id, task, path, writes) | one ``put_writes`` call |
 | ``langgraph.drop`` | ``d.`` + random | checkpoint entries hidden from now on (``prune``, ``delete_for_runs``) |
-| ``langgraph.thread`` | ``t.`` + digest(thread id) | the thread id of a copy (``copy_thread``) |
+| ``langgraph.thread`` | ``t.`` + digest(thread id) | the thread id of a copy, as ``copy_thread`` wrote it before the copy's header named it (read, no longer written) |
 
 Values are LangGraph's own serializer's ``(type, bytes)``, the bytes in base64. A channel's
 value is stored once per version: a checkpoint names its versions (``channel_versions``) and
@@ -98,6 +98,9 @@ class ThreadFold:
 
     incarnation: str
     thread_id: str | None = None
+    #: The session's header names the thread: a ``langgraph.thread`` record (in the path a
+    #: copy inherits from a copy made before headers named it) does not rename it.
+    named: bool = False
     seq: int = 0
     last: str = ""
     ids: set[str] = field(default_factory=set)
@@ -129,7 +132,7 @@ class ThreadFold:
             elif kind == DROP_TYPE:
                 for dropped in data.get("entries", ()):
                     self._drop(dropped)
-            elif kind == THREAD_TYPE:
+            elif kind == THREAD_TYPE and not self.named:
                 self.thread_id = data.get("thread")
 
     def _checkpoint(self, entry_id: str, data: dict[str, Any]) -> None:

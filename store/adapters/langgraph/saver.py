@@ -49,18 +49,22 @@ from langgraph.checkpoint.base import (
 
 from store import SessionStore
 from store.adapters.langgraph.records import (
-    THREAD_TYPE,
+    HEADER_KEY,
     StoredCheckpoint,
     ThreadFold,
     blob_entry,
     checkpoint_entry,
-    custom,
-    digest_id,
     version_key,
     writes_entry,
 )
 from store.adapters.langgraph.threads import Threads, sliding, thread_key
-from store.errors import ConflictError, InvalidInputError, SessionNotFoundError, WriteRefusedError
+from store.errors import (
+    ConflictError,
+    InvalidInputError,
+    SessionNotFoundError,
+    WriteRefusedError,
+)
+from store.formats.markers import trash_mark
 
 T = TypeVar("T")
 
@@ -341,25 +345,24 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             self.threads.forget(sid)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """A fork of the source's store session at its tail: nothing is copied, the target
-        reads the source's entries through the fork point (docs/design.md, "Forks"), then its
-        own. ``SessionExistsError`` when the target thread exists. A source with no
-        checkpoint copies nothing."""
+        """A fork of the source's store session at its tail: nothing is copied or read, the
+        target reads the source's entries through the fork point (docs/design.md, "Forks"),
+        then its own. Its header names the target thread (and carries the saver's TTL), so
+        the copy costs the source's tail (Redis) and a few object requests whatever the
+        thread's length. ``SessionExistsError`` when the target thread exists. A source with
+        no checkpoint (or none, or in the trash) copies nothing."""
         source = self.thread_session_id(source_thread_id)
         target = self.thread_session_id(target_thread_id)
-        with self.threads.lock(source):
-            fold = self.threads.refresh(source)
-            tail = fold.last if fold is not None else ""
-        if not tail:
+        try:
+            tail = self.store.get_tail(source).last_entry_id
+        except SessionNotFoundError:
             return
-        self.store.branch_from_entry(source, tail, target)
-        if self.ttl_ms is not None:
-            self.store.set_retention(target, sliding(self.ttl_ms))
-        record = custom(THREAD_TYPE, digest_id("t", thread_key(target_thread_id)), {"thread": thread_key(target_thread_id)})
-        record["parentId"] = tail
-        # Straight after the fork point: no read of what the fork inherits.
-        with contextlib.suppress(ConflictError):
-            self.threads.send(target, [record], tail)
+        if not tail or trash_mark(tail) is not None:
+            return
+        named = {HEADER_KEY: {"thread": thread_key(target_thread_id), "namespace": self.namespace}}
+        retention = sliding(self.ttl_ms) if self.ttl_ms is not None else None
+        with contextlib.suppress(SessionNotFoundError):  # deleted or trashed since its tail was read
+            self.store.branch_from_entry(source, tail, target, pi_header=named, retention=retention)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: every checkpoint but the newest of each namespace is dropped (one

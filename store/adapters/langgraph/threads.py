@@ -80,14 +80,17 @@ class Threads:
         # other); other processes are ordered by the store's compare-and-set.
         return self._locks[hash(sid) % _LOCK_STRIPES]  # type: ignore[return-value]
 
-    def refresh(self, sid: str) -> ThreadFold | None:
+    def refresh(self, sid: str, *, probe: bool = True) -> ThreadFold | None:
         """The thread's fold, brought up to date by reading only the segments it lacks; None
-        when the thread has no store session (or it is in the trash). Under the sid's lock."""
+        when the thread has no store session (or it is in the trash). Under the sid's lock.
+        ``probe=False`` for a write: up to Redis's tail only, no GET past it (the write's
+        compare-and-set meets a segment Redis has not heard of, and the write reads again)."""
         with self._folds_lock:
             fold = self._folds.get(sid)
         try:
             changes = self.store.read_since(
-                sid, incarnation=fold.incarnation if fold else None, after_seq=fold.seq if fold else 0
+                sid, incarnation=fold.incarnation if fold else None, after_seq=fold.seq if fold else 0,
+                probe=probe,
             )
         except SessionNotFoundError:
             self.forget(sid)
@@ -96,6 +99,7 @@ class Threads:
             fold = ThreadFold(changes.header.incarnation)
             named = (changes.header.pi_header or {}).get(HEADER_KEY) or {}
             fold.thread_id = named.get("thread")
+            fold.named = bool(fold.thread_id)
         fold.apply(changes.entries)
         fold.seq = changes.seq
         with self._folds_lock:
@@ -117,7 +121,7 @@ class Threads:
         after exactly the tail it was built from; a lost compare-and-set starts over."""
         with self.lock(sid):
             for _ in range(CAS_ROUNDS):
-                fold = self.refresh(sid)
+                fold = self.refresh(sid, probe=False)
                 if fold is None:
                     if not create:
                         return
