@@ -71,7 +71,7 @@ def expected_figures(params: dict[str, Any]) -> list[str]:
     names = [f"http.load.{k}" for k in (
         "writers", "followers", "readers", "streams", "duration_s",
         "appends", "appends_per_s", "append.p50_ms", "append.p99_ms", "append.max_ms",
-        "append.service_p99_ms", "append.retries",
+        "append.service_p99_ms", "append.retries", "append.missed_slots",
         "lost", "duplicated", "out_of_order", "unacknowledged",
         "followers_complete", "followers_incomplete",
         "follower.sse.lag_p50_ms", "follower.sse.lag_p99_ms",
@@ -149,6 +149,7 @@ def run(ctx: Context) -> None:
         clients["writers"].send({"cmd": "go"})
         results: dict[str, dict[str, Any]] = {}
         results["writers"] = clients["writers"].result(timeout=p.http_load_duration_s + 120)
+        _check_alive(servers)
         tails = {}
         with httpx.Client(base_url=servers[0].url, timeout=60.0) as http:
             for name in names:
@@ -158,6 +159,7 @@ def run(ctx: Context) -> None:
         for role in ("sse", "long-poll", "readers"):
             results[role] = clients[role].result(timeout=p.http_load_drain_s + 120)
         load_s = time.monotonic() - t0
+        _check_alive(servers)
         clients["prober"].send({"cmd": "stop"})
         results["prober"] = clients["prober"].result(timeout=60)
         # The clients have exited: each said what it used.
@@ -254,6 +256,7 @@ def _figures(ctx: Context, results: dict[str, dict[str, Any]], d: dict[str, Any]
     R.fig(f"{pre}.append.max_ms", lat["max"], "ms")
     R.fig(f"{pre}.append.service_p99_ms", svc["p99"], "ms")
     R.fig(f"{pre}.append.retries", w["retries"])
+    R.fig(f"{pre}.append.missed_slots", w["missed_slots"])
     for k in ("lost", "duplicated", "out_of_order", "unacknowledged", "followers_complete", "followers_incomplete"):
         R.fig(f"{pre}.{k}", d[k])
     lags = {}
@@ -304,7 +307,8 @@ def _figures(ctx: Context, results: dict[str, dict[str, Any]], d: dict[str, Any]
         R.row("http load (2 processes)", case, value, "", "", target=target)
 
     row(f"{p.http_load_writers} producers on {streams} streams, {p.http_load_duration_s:g} s: appends "
-        f"(retried), p50 / p99 from the slot", f"{appends:,} ({w['retries']}), {fmt_ms(lat['p50'])} / {fmt_ms(lat['p99'])}")
+        f"(retried; slots missed), p50 / p99 from the slot",
+        f"{appends:,} ({w['retries']}; {w['missed_slots']}), {fmt_ms(lat['p50'])} / {fmt_ms(lat['p99'])}")
     row("acknowledged appends lost / stored twice / out of order", f"{d['lost']} / {d['duplicated']} / {d['out_of_order']}",
         R.target("http load: nothing lost", f"{pre}.lost", "<=", 0, unit=""))
     R.target("http load: nothing stored twice", f"{pre}.duplicated", "<=", 0, unit="")
@@ -449,7 +453,10 @@ class _RssSampler:
 
     def _sample(self) -> None:
         for name, pid in self.pids.items():
-            self.peak[name] = max(self.peak[name], _rss(pid))
+            try:
+                self.peak[name] = max(self.peak[name], _rss(pid))
+            except (OSError, RuntimeError):  # it exited: the scenario says so (_check_alive)
+                pass
 
     def stop(self) -> dict[str, int]:
         self._stop.set()
@@ -470,6 +477,12 @@ def _read_all(http: Any, path: str) -> list[Any]:
         offset = r.headers["stream-next-offset"]
         if r.headers.get("stream-up-to-date") == "true":
             return out
+
+
+def _check_alive(servers: list[Any]) -> None:
+    for i, s in enumerate(servers):
+        if s.process.poll() is not None:
+            raise RuntimeError(f"http load: serve-{i} exited with {s.process.returncode} under load:\n{s.log(4000)}")
 
 
 def _read_bytes(http: Any, url: str) -> bytes:

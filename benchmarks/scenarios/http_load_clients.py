@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import random
 import sys
 import threading
@@ -74,8 +75,9 @@ class Role:
 async def writers(role: Role) -> dict[str, Any]:
     """``writers`` idempotent producers, writer ``i`` on stream ``i % len(streams)``, each
     appending one message every ``interval_s`` (its first slot at a random point of the first
-    interval). Latency counts from the slot's intended start (a stall is paid by the appends
-    queued behind it). A failed append (no answer, a 5xx) is re-sent with the same
+    interval) until ``duration_s`` is over. Latency counts from the slot's intended start (a
+    stall is paid by the appends queued behind it); the slots a writer had not reached when
+    the time was up are counted in ``missed_slots``, not made. A failed append (no answer, a 5xx) is re-sent with the same
     ``(id, epoch, seq)``: the service stores it once whatever happened to the first."""
     spec = role.spec
     streams: list[str] = spec["streams"]
@@ -86,6 +88,7 @@ async def writers(role: Role) -> dict[str, Any]:
     acked: dict[str, int] = {}
     retries = 0
     late = 0
+    missed = 0
     async with role.client(spec["url"]) as client:
         await role.command("go")
         t0 = time.monotonic()
@@ -93,13 +96,16 @@ async def writers(role: Role) -> dict[str, Any]:
         rng = random.Random(spec["seed"])
 
         async def writer(i: int) -> None:
-            nonlocal retries, late
+            nonlocal retries, late, missed
             path = ROOT + streams[i % len(streams)]
             pid = f"w{i}"
             slot = t0 + rng.uniform(0, interval)
             seq = 0
             while slot < end:
                 now = time.monotonic()
+                if now >= end:
+                    missed += math.ceil((end - slot) / interval)
+                    return
                 if now < slot:
                     await asyncio.sleep(slot - now)
                 elif now - slot > interval:
@@ -132,7 +138,7 @@ async def writers(role: Role) -> dict[str, Any]:
         await asyncio.gather(*(writer(i) for i in range(spec["writers"])))
         wall = time.monotonic() - t0
     return {"acked": acked, "latency_s": latency, "service_s": service, "retries": retries,
-            "late_slots": late, "wall_s": wall}
+            "late_slots": late, "missed_slots": missed, "wall_s": wall}
 
 
 # --- followers -------------------------------------------------------------------------------
