@@ -205,6 +205,9 @@ class Backend:
     key_prefix: str
     description: str
     versions: dict[str, str] = field(default_factory=dict)
+    #: Server processes this run started, by name (for the CPU and memory the HTTP load
+    #: scenario reports): the moto server and redis-server of the default backend.
+    pids: dict[str, int] = field(default_factory=dict)
     _cleanup: list[Any] = field(default_factory=list, repr=False)
     _stores: list[Any] = field(default_factory=list, repr=False)
 
@@ -404,6 +407,7 @@ def start_moto_backend(run_id: str) -> Backend:
             f"+ redis-server {versions['redis-server']} (no persistence), loopback"
         ),
         versions=versions,
+        pids={"s3 (moto)": proc.pid, "redis-server": redis_server.pid},
     )
     backend._cleanup.append(stop)
     return backend

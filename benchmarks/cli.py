@@ -34,8 +34,9 @@ SCENARIOS = ("append", "writers", "resume", "compaction", "curve", "local", "aio
 #: Run only when named with --only: the frameworks' own backends beside their adapters, the
 #: HTTP service against the library and the protocol's reference server (extras needed), and
 #: the scale scenario (counted, not timed; seeding its sessions at rest takes minutes), and
-#: service processes killed under load for minutes (counted).
-OPTIONAL_SCENARIOS = ("peers", "http", "scale", "kills")
+#: service processes killed under load for minutes (counted). ``http`` includes the HTTP
+#: service under load, which ``http-load`` runs alone.
+OPTIONAL_SCENARIOS = ("peers", "http", "http-load", "scale", "kills")
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -147,6 +148,12 @@ def _http_figures(params: dict[str, Any], compaction: bool) -> list[str]:
     return http_figures(params, compaction)
 
 
+def _http_load_figures(params: dict[str, Any]) -> list[str]:
+    from benchmarks.scenarios.http_load import expected_figures as load_figures
+
+    return load_figures(params)
+
+
 def _scale_figures(params: dict[str, Any]) -> list[str]:
     from benchmarks.scenarios.scale import expected_figures as scale_figures
 
@@ -227,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.scenarios import http
 
         steps.append(("http", lambda: http.run(ctx)))
+    if only & {"http", "http-load"}:
+        from benchmarks.scenarios import http_load
+
+        steps.append(("http_load", lambda: http_load.run(ctx)))
     if "kills" in only:
         from benchmarks.scenarios import kills
 
@@ -267,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             "compaction_api": compaction_api.description,
             "expected_figures": (expected_figures(params.to_json(), compacted) if only == set(SCENARIOS) else [])
             + (_http_figures(params.to_json(), compaction_api.available) if "http" in only else [])
+            + (_http_load_figures(params.to_json()) if only & {"http", "http-load"} else [])
             + (_scale_figures(params.to_json()) if "scale" in only else []),
         }
         plot_note: str | None = "not drawn (--no-plot or an incomplete run)"

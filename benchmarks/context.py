@@ -65,6 +65,23 @@ class Params:
     http_read_messages: int = 10_000
     http_read_batch: int = 100
     http_read_reps: int = 6
+    #: HTTP under load (issue #37; benchmarks/scenarios/http_load.py): two serve processes
+    #: behind a balancer; idempotent producers on shared JSON streams, each appending every
+    #: interval for the duration; live followers of those streams (half SSE, half
+    #: long-poll); readers of a binary stream (appended in pieces) reading it whole again and
+    #: again; /healthz probed every interval. Followers get ``drain_s`` after the writers
+    #: stopped to reach the tail; RSS "after" is taken ``settle_s`` after every client left.
+    http_load_writers: int = 50
+    http_load_streams: int = 25
+    http_load_followers: int = 200
+    http_load_readers: int = 20
+    http_load_duration_s: float = 60.0
+    http_load_append_interval_s: float = 1.0
+    http_load_binary_bytes: int = 12 * 2**20
+    http_load_binary_piece: int = 256 * 2**10
+    http_load_probe_interval_s: float = 0.05
+    http_load_drain_s: float = 60.0
+    http_load_settle_s: float = 5.0
     #: Listing: sessions, and timed reps of the first page and of every page.
     listing_sessions: int = 2_000
     listing_first_reps: int = 7
@@ -116,6 +133,16 @@ class Params:
             http_read_messages=200,
             http_read_batch=50,
             http_read_reps=2,
+            http_load_writers=5,
+            http_load_streams=2,
+            http_load_followers=10,
+            http_load_readers=2,
+            http_load_duration_s=5.0,
+            http_load_append_interval_s=0.25,
+            http_load_binary_bytes=2**20,
+            http_load_binary_piece=128 * 2**10,
+            http_load_drain_s=20.0,
+            http_load_settle_s=2.0,
             listing_sessions=150,
             listing_first_reps=2,
             listing_all_reps=1,

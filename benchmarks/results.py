@@ -28,6 +28,8 @@ class Target:
     op: str  # "<=" or ">="
     value: float = math.nan
     note: str = ""
+    #: How the limit is written in the table ("x" for a ratio, " ms" for a time, "" for a count).
+    unit: str = "x"
 
     @property
     def met(self) -> bool | None:
@@ -76,8 +78,8 @@ class Results:
             self.units[name] = unit
         return float(value)
 
-    def target(self, name: str, figure: str, op: str, limit: float, note: str = "") -> Target:
-        t = Target(name, figure, limit, op, self.figures.get(figure, math.nan), note)
+    def target(self, name: str, figure: str, op: str, limit: float, note: str = "", unit: str = "x") -> Target:
+        t = Target(name, figure, limit, op, self.figures.get(figure, math.nan), note, unit)
         self.targets.append(t)
         return t
 
@@ -86,7 +88,7 @@ class Results:
         met = ""
         tgt = ""
         if target is not None:
-            tgt = f"{target.op} {target.limit:g}x"
+            tgt = f"{target.op} {target.limit:g}{target.unit}"
             met = {True: "met", False: "NOT met", None: "n/a"}[target.met]
         self.rows.append(Row(scenario, case, store, floor, ratio, tgt, met))
 

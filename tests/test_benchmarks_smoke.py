@@ -187,7 +187,7 @@ def _check_scale(figures: dict[str, float], params: dict[str, object]) -> None:
 @pytest.mark.timeout(300)
 def test_http_smoke_run_produces_the_service_and_library_figures(tmp_path: Path) -> None:
     """``--only http`` (optional, so not in the run above): the HTTP service against the
-    library on the same backend. The Node reference server is compared when tests/ds-node is
+    library on the same backend, and the service under load (``_check_http_load``). The Node reference server is compared when tests/ds-node is
     installed and reported "not available" otherwise; the HTTP and library figures are
     required either way (the scenario checks every response and what each stream holds, so a
     broken HTTP path fails the run)."""
@@ -210,7 +210,7 @@ def test_http_smoke_run_produces_the_service_and_library_figures(tmp_path: Path)
     assert not bad, f"figures without a finite value: {bad}"
     assert figures[f"http.read.{n}.uncompacted.http_requests"] >= 1
 
-    rows = [r for r in data["table"] if r["scenario"].startswith("http")]
+    rows = [r for r in data["table"] if r["scenario"] in ("http append (open loop)", "http catch-up read")]
     assert len(rows) == (6 if _compactor_available() else 4), rows
     reference = [r for r in rows if "reference server" in r["case"]]
     if "http.append.reference.p50_ms" in figures:
@@ -218,6 +218,32 @@ def test_http_smoke_run_produces_the_service_and_library_figures(tmp_path: Path)
         assert all(r["ratio"] != "-" for r in reference), reference
     else:  # not installed: said so in the table, the run still complete
         assert all(r["floor"].startswith("not available") or r["floor"].startswith("failed") for r in reference), reference
+    _check_http_load(data)
+
+
+def _check_http_load(data: dict[str, Any]) -> None:
+    """The load scenario's counted figures (issue #37), at smoke size: two serve processes
+    behind a balancer, producers, SSE and long-poll followers, readers of a binary stream.
+    Correctness only (nothing lost or stored twice, every follower saw every message once, in
+    order, every read whole); its times and memory are reported, never asserted here."""
+    figures, params = data["figures"], data["meta"]["params"]
+    names = [name for name in data["meta"]["expected_figures"] if name.startswith("http.load.")]
+    assert "http.load.healthz.p99_ms" in names and "http.load.rss_after_over_start" in names, names
+    bad = [name for name in names if not isinstance(figures.get(name), (int, float)) or not math.isfinite(figures[name])]
+    assert not bad, f"load figures missing or not finite: {bad}"
+    assert figures["http.load.appends"] >= params["http_load_writers"], figures["http.load.appends"]
+    assert figures["http.load.lost"] == 0
+    assert figures["http.load.duplicated"] == 0
+    assert figures["http.load.out_of_order"] == 0
+    assert figures["http.load.unacknowledged"] == 0
+    assert figures["http.load.followers_complete"] == params["http_load_followers"]
+    assert figures["http.load.followers_incomplete"] == 0
+    assert figures["http.load.reader.reads"] >= params["http_load_readers"]
+    assert figures["http.load.reader.bad_reads"] == 0
+    assert figures["http.load.healthz.probes"] >= 1 and figures["http.load.healthz.failures"] == 0
+    assert figures["http.load.client_errors"] == 0 and figures["http.load.balancer_errors"] == 0
+    targets = {t["name"]: t for t in data["targets"] if t["name"].startswith("http load")}
+    assert targets["http load: /healthz p99 through the balancer"]["value"] is not None, targets
 
 
 def test_without_moto_the_smoke_run_falls_back_to_the_embedded_default(tmp_path: Path) -> None:

@@ -274,6 +274,11 @@ class BalancerProcess:
         self.url = f"http://127.0.0.1:{int(line.split()[1])}"
         return self
 
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
     def stats(self) -> tuple[list[int], list[str]]:
         got = httpx.get(self.url + STATS_PATH, timeout=10).json()
         return list(got["counts"]), list(got["errors"])
