@@ -194,7 +194,7 @@ class WorkerSpec:
 
 @dataclass
 class Backend:
-    kind: str  # moto | embedded | external
+    kind: str  # moto | seaweedfs | embedded | external
     objects_url: str
     #: Passed to SessionStore.from_url (None: the embedded Redis).
     redis_url: str | None
@@ -226,7 +226,7 @@ class Backend:
         return make_redis(self.redis_rtt_url)
 
     def worker_spec(self) -> WorkerSpec:
-        env = dict(_MOTO_ENV) if self.kind == "moto" else {}
+        env = dict(_MOTO_ENV) if self.kind in ("moto", "seaweedfs") else {}
         return WorkerSpec(
             objects_url=self.objects_url,
             redis_url=self.redis_url,
@@ -408,6 +408,48 @@ def start_moto_backend(run_id: str) -> Backend:
         ),
         versions=versions,
         pids={"s3 (moto)": proc.pid, "redis-server": redis_server.pid},
+    )
+    backend._cleanup.append(stop)
+    return backend
+
+
+def start_seaweedfs_backend(run_id: str) -> Backend:
+    """SeaweedFS (``weed mini``, as the test suite starts it) and a redis-server: a real
+    object store whose work runs outside Python, so that a run whose own processes load the
+    machine (``--only http-load``) measures them, not a Python S3 server beside them."""
+    harness = _harness()
+    os.environ.update(_MOTO_ENV)  # weed mini's admin identity is testing/testing, as moto's
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        os.environ.pop(name, None)
+    weed = harness.SeaweedServer().start()
+    try:
+        bucket = weed.create_bucket(_MOTO_BUCKET)
+        redis_server = harness.RedisServer(persistence="none").start()
+    except BaseException:
+        weed.close()
+        raise
+    objects_url = weed.url_for(bucket, f"run-{run_id}")
+    versions = _versions()
+    versions["redis-server"] = harness.redis_server_version(redis_server.binary)
+    versions["seaweedfs"] = harness.weed_version(weed.binary)
+
+    def stop(keep: bool) -> None:
+        redis_server.close()
+        weed.close()
+
+    backend = Backend(
+        kind="seaweedfs",
+        objects_url=objects_url,
+        redis_url=redis_server.url,
+        redis_rtt_url=redis_server.url,
+        redis_prefix=f"bench-{run_id}",
+        key_prefix=_key_prefix(objects_url),
+        description=(
+            f"SeaweedFS {versions['seaweedfs']} (weed mini) + redis-server {versions['redis-server']} "
+            "(no persistence), loopback"
+        ),
+        versions=versions,
+        pids={"s3 (seaweedfs)": weed.pid, "redis-server": redis_server.pid},
     )
     backend._cleanup.append(stop)
     return backend

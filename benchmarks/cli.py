@@ -15,6 +15,7 @@ from benchmarks.backends import (
     Backend,
     start_embedded_backend,
     start_external_backend,
+    start_seaweedfs_backend,
     start_moto_backend,
 )
 from benchmarks.context import Context, Params
@@ -48,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--embedded", action="store_true", help="file:// store + embedded Redis (the no-config default; also the default when moto is not installed)")
+    where.add_argument("--seaweedfs", action="store_true", help="SeaweedFS (weed mini, from the test extra) + a redis-server, instead of moto")
     where.add_argument("--objects", metavar="URL", help="object store URL (s3://bucket/prefix?endpoint=... or file:///dir); needs --redis")
     ap.add_argument("--redis", metavar="URL", help="Redis URL (with --objects)")
     size = ap.add_mutually_exclusive_group()
@@ -75,6 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _backend(args: argparse.Namespace, run_id: str) -> Backend:
     if args.embedded:
         return start_embedded_backend(run_id)
+    if args.seaweedfs:
+        return start_seaweedfs_backend(run_id)
     if args.objects:
         return start_external_backend(run_id, args.objects, args.redis)
     if not moto_available():

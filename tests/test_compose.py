@@ -77,10 +77,17 @@ def _as_here(command: list[str], s3_url: str, redis_url: str, redis_prefix: str,
     return [*out[:at], "--redis-prefix", redis_prefix, *out[at:]]
 
 
+def _own_environment(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment in the stack, but the object store's credentials (the test's
+    servers have their own)."""
+    return {k: str(v) for k, v in (service.get("environment") or {}).items() if not k.startswith("AWS_")}
+
+
 @contextmanager
-def _running(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _running(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=server_env(), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**server_env(), **(env or {})}, stdout=out,
+                                stderr=subprocess.STDOUT)
     try:
         yield proc
     finally:
@@ -101,6 +108,14 @@ def _until(url: str, proc: subprocess.Popen[bytes], log: Path, **kwargs: Any) ->
         time.sleep(0.1)
 
 
+def test_the_load_benchmark_runs_the_service_in_the_stacks_environment() -> None:
+    """benchmarks/scenarios/http_load.py measures the service as the stack runs it."""
+    from benchmarks.scenarios.http_load import SERVE_ENV
+
+    env = _own_environment(compose()["services"]["service"])
+    assert SERVE_ENV and {k: env.get(k) for k in SERVE_ENV} == SERVE_ENV
+
+
 def test_the_stacks_service_and_compactor_run_as_written(
     s3_url: str, redis_url: str, redis_prefix: str, tmp_path: Path,
 ) -> None:
@@ -113,8 +128,9 @@ def test_the_stacks_service_and_compactor_run_as_written(
     serve = _as_here(services["service"]["command"], s3_url, redis_url, redis_prefix, swap)
     work = _as_here(services["compactor"]["command"], s3_url, redis_url, redis_prefix, swap)
     base = f"http://127.0.0.1:{http_port}"
-    with _running(serve, tmp_path / "service.log") as service, \
-            _running(work, tmp_path / "compactor.log") as compactor:
+    with _running(serve, tmp_path / "service.log", _own_environment(services["service"])) as service, \
+            _running(work, tmp_path / "compactor.log", _own_environment(services["compactor"])) as compactor:
+        assert b"MALLOC_ARENA_MAX=2" in Path(f"/proc/{service.pid}/environ").read_bytes().split(b"\0")
         ready = _until(base + "/readyz", service, tmp_path / "service.log")
         assert ready.json() == {"objects": "ok", "redis": "ok"}
         auth = {"authorization": f"Bearer {tenant}"}

@@ -24,7 +24,7 @@ from store.errors import EntryNotFoundError, IdCollisionError, SessionNotFoundEr
 
 GRACE_MS = 60_000
 #: The source sizes forked, in segments (one entry each), uncompacted.
-LONG, SHORT = 1_000, 10
+LONG, SHORT = 300, 10
 
 
 class Died(Exception):

@@ -364,6 +364,27 @@ def test_binary_is_byte_exact_and_sse_sends_it_as_base64(serve) -> None:
                     break
 
 
+def test_a_binary_catch_up_of_small_and_large_messages_is_exact_with_its_length(serve) -> None:
+    """A binary read goes out in pieces (small messages joined, large ones as they are):
+    the body is every message in order, and its Content-Length says so."""
+    _, a = serve()
+    path = ROOT + "bin-pieces"
+    small = [bytes([i % 256]) * 100 for i in range(3000)]  # 300 KB of 100-byte messages
+    large = bytes(range(256)) * 1200  # one message larger than a piece
+    octet = {"content-type": "application/octet-stream"}
+    with httpx.Client(timeout=30) as c:
+        assert c.put(a + path, headers=octet).status_code == 201
+        for i in range(0, 3000, 500):
+            assert c.post(a + path, headers=octet, content=b"".join(small[i : i + 500])).status_code == 204
+        assert c.post(a + path, headers=octet, content=large).status_code == 204
+        for m in small[:5]:
+            assert c.post(a + path, headers=octet, content=m).status_code == 204
+        got = c.get(a + path, params={"offset": "-1"})
+        want = b"".join(small) + large + b"".join(small[:5])
+        assert got.status_code == 200 and got.content == want
+        assert got.headers["content-length"] == str(len(want))
+
+
 # --- sessions over the same protocol -------------------------------------------------------------
 
 

@@ -86,6 +86,11 @@ def expected_figures(params: dict[str, Any]) -> list[str]:
     return names
 
 
+#: The service's environment, as docker-compose.yml runs it (tests/test_compose.py checks that
+#: they agree): two malloc arenas instead of one a thread (docs/operations.md, "Memory").
+SERVE_ENV = {"MALLOC_ARENA_MAX": "2"}
+
+
 def run(ctx: Context) -> None:
     b, R, p = ctx.backend, ctx.results, ctx.params
     if not b.redis_url:
@@ -93,6 +98,7 @@ def run(ctx: Context) -> None:
                            "moto default or --objects URL --redis URL, not --embedded")
     harness = _harness()  # noqa: F841 (puts tests/ on the path for the harness modules)
     from harness.balancer import BalancerProcess
+    from harness.haproxy import HaproxyBalancer, find_haproxy
     from harness.serve_process import serve
 
     import httpx
@@ -103,13 +109,17 @@ def run(ctx: Context) -> None:
     store_args = ["--objects", b.objects_url, "--redis", b.redis_url, "--redis-prefix", b.redis_prefix]
     details: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="sessionstore-load-") as tmp, ExitStack() as stack:
-        servers = [stack.enter_context(serve(store_args, Path(tmp) / f"serve-{i}.log", cwd=Path(tmp)))
+        servers = [stack.enter_context(serve(store_args, Path(tmp) / f"serve-{i}.log", cwd=Path(tmp), env=SERVE_ENV))
                    for i in range(2)]
-        balancer = stack.enter_context(BalancerProcess([s.url for s in servers]))
+        # HAProxy where it is installed (what an operator puts there; .ci/run installs it),
+        # else the harness's Python balancer, which costs the machine far more CPU a request.
+        upstreams = [s.url for s in servers]
+        balancer = stack.enter_context(HaproxyBalancer(upstreams) if find_haproxy() else BalancerProcess(upstreams))
+        details["balancer"] = "haproxy" if isinstance(balancer, HaproxyBalancer) else "harness.balancer (Python)"
         serve_pids = {f"serve-{i}": s.process.pid for i, s in enumerate(servers)}
         rss_boot = {name: _rss(pid) for name, pid in serve_pids.items()}
         ctx.log(f"http load: 2 serve processes ({', '.join(str(x) for x in serve_pids.values())}) "
-                f"behind a balancer at {balancer.url}")
+                f"behind {details['balancer']} at {balancer.url}")
         # The clients start importing while the streams are made.
         clients = _start_clients(ctx, balancer.url, [s.url for s in servers], names, blob_name, blob)
         stack.callback(_kill_all, clients)
@@ -332,7 +342,7 @@ def _figures(ctx: Context, results: dict[str, dict[str, Any]], d: dict[str, Any]
         R.target("http load: RSS back after the clients left", f"{pre}.rss_after_over_start", "<=", RSS_TARGET, unit="x"))
     row("CPU during the load (cores): serve x2 / balancer / clients / S3 / Redis",
         f"{R.figures[f'{pre}.cpu.serve_cores']:.2f} / {R.figures[f'{pre}.cpu.balancer_cores']:.2f} / "
-        f"{R.figures[f'{pre}.cpu.clients_cores']:.2f} / {_cores(cores, 'moto'):s} / {_cores(cores, 'redis'):s}")
+        f"{R.figures[f'{pre}.cpu.clients_cores']:.2f} / {_cores(cores, 's3 ('):s} / {_cores(cores, 'redis'):s}")
 
 
 def _cores(cores: dict[str, float], part: str) -> str:

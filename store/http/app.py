@@ -53,6 +53,7 @@ from store.http.wire import (
     ClientGone,
     HttpError,
     body_of,
+    body_response,
     next_cursor,
     parse_expires_at,
     parse_flag,
@@ -413,9 +414,9 @@ class StreamService:
                 headers["Vary"] = "Authorization"
             if request.headers.get("if-none-match") == etag:
                 return Response(status_code=304, headers=headers)
-        return Response(body, status_code=200, headers=headers)
+        return body_response(body, headers)
 
-    def _read_body(self, path: str, offset: Offset | None) -> tuple[ReadResult, StreamInfo, bytes]:
+    def _read_body(self, path: str, offset: Offset | None) -> tuple[ReadResult, StreamInfo, list[bytes]]:
         """A catch-up read and its body, encoded on the service's threads (never on the event
         loop, which every other request shares)."""
         res, info = self.streams.read_info(path, offset, max_bytes=self.max_read)
@@ -457,7 +458,7 @@ class StreamService:
                 if res.batches:
                     if not res.closed:
                         headers["Stream-Cursor"] = cursor
-                    return Response(body, status_code=200, headers=headers)
+                    return body_response(body, headers)
                 if res.closed:
                     return Response(status_code=204, headers=headers)
                 remaining = deadline - time.monotonic()

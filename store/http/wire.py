@@ -14,10 +14,11 @@ import random
 import re
 import time
 from datetime import datetime
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from store.http.guard import problem_body
 from store.model.js_json import encode_json
@@ -142,12 +143,51 @@ def parse_messages(body: bytes, content_type: str | None, *, allow_empty_array: 
     return [value]
 
 
-def body_of(info: StreamInfo, batches: list[Batch]) -> bytes:
+#: A binary read's body goes out in pieces of about this size (small messages joined).
+BODY_PIECE = 256 << 10
+
+
+def body_of(info: StreamInfo, batches: list[Batch]) -> list[bytes]:
+    """A read's body, in pieces: a JSON stream's as one array; any other stream's as its
+    messages (small ones joined into pieces of about ``BODY_PIECE``), sent one after
+    another (``body_response``): a catch-up answer of up to 4 MiB is not copied once more
+    into one object, which each of the service's threads would leave in its own malloc
+    arena after the answer is gone."""
     if info.config.json:
         # One call for the whole body (a session's entries may hold lone surrogates, as pi
         # writes them: encode_json writes those as JSON.stringify does).
-        return encode_json([m for b in batches for m in b.messages])
-    return b"".join(m for b in batches for m in b.messages)
+        return [encode_json([m for b in batches for m in b.messages])]
+    pieces: list[bytes] = []
+    small: list[bytes] = []  # consecutive small messages, sent as one piece
+    small_bytes = 0
+    for m in (m for b in batches for m in b.messages):
+        if len(m) >= BODY_PIECE:
+            if small:
+                pieces.append(b"".join(small))
+                small, small_bytes = [], 0
+            pieces.append(m)
+            continue
+        small.append(m)
+        small_bytes += len(m)
+        if small_bytes >= BODY_PIECE:
+            pieces.append(b"".join(small))
+            small, small_bytes = [], 0
+    if small:
+        pieces.append(b"".join(small))
+    return pieces
+
+
+def body_response(body: list[bytes], headers: dict[str, str]) -> Response:
+    """A 200 with ``body``'s pieces, their total as its Content-Length."""
+    if len(body) <= 1:
+        return Response(body[0] if body else b"", status_code=200, headers=headers)
+    headers["Content-Length"] = str(sum(len(piece) for piece in body))
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for piece in body:
+            yield piece
+
+    return StreamingResponse(pieces(), status_code=200, headers=headers)
 
 
 def next_cursor(client: str | None) -> str:
@@ -192,7 +232,7 @@ def sse_control(end: Offset, cursor: str, *, up_to_date: bool, closed: bool) -> 
 
 
 __all__ = [
-    "OFFSET_PARAM", "STREAM_ROOT", "ClientGone", "HttpError", "body_of", "next_cursor", "parse_expires_at",
+    "OFFSET_PARAM", "STREAM_ROOT", "ClientGone", "HttpError", "body_of", "body_response", "next_cursor", "parse_expires_at",
     "parse_flag", "parse_if_match", "parse_messages", "parse_producer", "parse_ttl", "problem_response",
     "sse_base64", "sse_control", "sse_data", "stream_name", "uint",
 ]
