@@ -51,6 +51,7 @@ from compactor.schedule import schedule_gc
 from compactor.records import BaseRef, CompactionRecord, CompactionResult, GcResult
 from compactor.redaction import RedactionIndex
 from compactor.tiers import Run, plan_cut, run_entries, runs_of
+from store import tracing
 from store.core import SessionStore
 from store.formats.entries import encode_json
 from store.errors import (
@@ -142,14 +143,18 @@ class Compactor:
     def compact_session(self, session_id: str) -> CompactionResult:
         """Merge the segments after the latest manifest into new bases and manifest g+1."""
         sid = check_session_id(session_id)
-        for _ in range(_MAX_RESTARTS):
-            try:
-                return self._compact_once(sid)
-            except _SourceGone as gone:
-                log.info("source vanished, restarting", extra={"session_id": sid, "key": str(gone)})
-        raise BackendUnavailableError(
-            f"session {sid!r}: the manifest kept changing under the compaction; try again later"
-        )
+        with tracing.span("compact", sid) as traced:
+            for _ in range(_MAX_RESTARTS):
+                try:
+                    result = self._compact_once(sid)
+                except _SourceGone as gone:
+                    log.info("source vanished, restarting", extra={"session_id": sid, "key": str(gone)})
+                    continue
+                traced.set_attribute("sessionstore.outcome", result.outcome)
+                return result
+            raise BackendUnavailableError(
+                f"session {sid!r}: the manifest kept changing under the compaction; try again later"
+            )
 
     def gc_session(self, session_id: str) -> GcResult:
         """Delete what no manifest or tail of the session reaches once its grace is over."""

@@ -39,6 +39,7 @@ from store.protocol.listing import NO_FILTER, Lister, SessionFilter, SessionPage
 from store.protocol.manifest import Manifest, ManifestStore
 from store.lifecycle.maintenance import Maintenance
 from store.formats.markers import check_user_ids, refuse_if_trashed
+from store import tracing
 from store.metrics import NoMetrics, append_outcome, default_metrics, request_result
 from store.backends.objects import ObjectStore, object_store_from_url, s3_prefix_of
 from store.protocol.read import Reader, SessionChanges, SessionData
@@ -300,14 +301,9 @@ class SessionStore:
         result. ``IndeterminateError`` means the outcome is unknown and a re-send is safe.
         """
         sid = check_session_id(session_id)
-        batch = prepare_batch(
-            entries,
-            max_bytes=self.options.max_batch_bytes,
-            max_entries=self.options.max_batch_entries,
-        )
-        return self.append_prepared(
-            sid, batch, expected_tail_entry_id, incarnation=incarnation, alone=alone
-        )
+        batch = prepare_batch(entries, max_bytes=self.options.max_batch_bytes,
+                              max_entries=self.options.max_batch_entries)
+        return self.append_prepared(sid, batch, expected_tail_entry_id, incarnation=incarnation, alone=alone)
 
     def append_prepared(
         self,
@@ -325,16 +321,17 @@ class SessionStore:
         if self._maintain and self._maintenance is None:
             self._start_maintenance()
         check_user_ids(batch.ids)  # the trash's markers are its own (store/lifecycle/retention.py)
-        started = time.perf_counter()
-        try:
-            result = self.appender.append(
-                check_session_id(session_id), batch, expected_tail_entry_id, incarnation=incarnation,
-                alone=alone,
-            )
-        except BaseException as exc:
-            self.metrics.append(append_outcome(exc), time.perf_counter() - started)
-            raise
-        self.metrics.append("ok", time.perf_counter() - started)
+        sid = check_session_id(session_id)
+        with tracing.span("append", sid, entries=len(batch.ids)) as traced:
+            started, outcome = time.perf_counter(), "ok"
+            try:
+                result = self.appender.append(sid, batch, expected_tail_entry_id, incarnation=incarnation, alone=alone)
+            except BaseException as exc:
+                outcome = append_outcome(exc)
+                raise
+            finally:
+                self.metrics.append(outcome, time.perf_counter() - started)
+                traced.set_attribute("sessionstore.outcome", outcome)
         if result.segment_entries is not None:
             self.metrics.segment(result.segment_entries)
         return result
@@ -354,9 +351,12 @@ class SessionStore:
     def read_session(self, session_id: str) -> SessionData:
         """The session's entries and where each came from (``store/protocol/read.py``).
         ``SessionTrashedError`` for a session in the trash (docs/lifecycle.md)."""
-        started = time.perf_counter()
-        data = self.reader.read_session(check_session_id(session_id))
-        self.metrics.read("session", time.perf_counter() - started)
+        sid = check_session_id(session_id)
+        with tracing.span("read", sid) as traced:
+            started = time.perf_counter()
+            data = self.reader.read_session(sid)
+            self.metrics.read("session", time.perf_counter() - started)
+            traced.set_attribute("sessionstore.entries", len(data.all_entries))
         refuse_if_trashed(data.header.session_id, data.last_entry_id)
         return data
 

@@ -1,7 +1,7 @@
 """Forks (``branch_from_entry``): what one costs and what it holds.
 
 A fork reads nothing of its source: the fork point's segment comes from Redis's tail and
-index (docs/design.md, "Forks"), so forking a session of 1,000 uncompacted segments costs
+index (docs/design.md, "Forks"), so forking a session of 300 uncompacted segments costs
 exactly the requests of forking one of 10, counted by the store's own request counting on
 each S3 backend. What the fork holds is the path root..fork point, committed entries only:
 never a batch a paused or killed writer PUT past the tail it forked at, never what the
@@ -76,7 +76,7 @@ def test_a_fork_costs_the_same_requests_whatever_the_sources_length(
 ) -> None:
     """At the tail, at an entry Redis indexes, and at the tail of a fork: the source's header
     (GET), the fork's registration and header (PUTs), and the check after them (the source's
-    header again, and the HEAD past its tail): 6 requests, for 10 segments as for 1,000."""
+    header again, and the HEAD past its tail): 6 requests, for 10 segments as for 300."""
     writer = make_store()
     writer.create_session("long")
     long_ids = chain(writer, "long", LONG)
