@@ -361,9 +361,7 @@ def _serve_moto() -> None:
 
 def start_moto_backend(run_id: str) -> Backend:
     harness = _harness()
-    os.environ.update(_MOTO_ENV)
-    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        os.environ.pop(name, None)
+    _use_test_credentials()
     proc = subprocess.Popen(
         [sys.executable, "-c", "from benchmarks.backends import _serve_moto; _serve_moto()"],
         stdin=subprocess.PIPE,
@@ -395,22 +393,9 @@ def start_moto_backend(run_id: str) -> Backend:
             proc.kill()
             proc.wait()
 
-    backend = Backend(
-        kind="moto",
-        objects_url=objects_url,
-        redis_url=redis_server.url,
-        redis_rtt_url=redis_server.url,
-        redis_prefix=f"bench-{run_id}",
-        key_prefix=_key_prefix(objects_url),
-        description=(
-            f"moto {versions.get('moto', '?')} ThreadedMotoServer (harness write lock, own process) "
-            f"+ redis-server {versions['redis-server']} (no persistence), loopback"
-        ),
-        versions=versions,
-        pids={"s3 (moto)": proc.pid, "redis-server": redis_server.pid},
-    )
-    backend._cleanup.append(stop)
-    return backend
+    return _on_local_servers(
+        "moto", run_id, objects_url, redis_server, versions, stop,
+        f"moto {versions.get('moto', '?')} ThreadedMotoServer (harness write lock, own process)", proc.pid)
 
 
 def start_seaweedfs_backend(run_id: str) -> Backend:
@@ -418,9 +403,7 @@ def start_seaweedfs_backend(run_id: str) -> Backend:
     object store whose work runs outside Python, so that a run whose own processes load the
     machine (``--only http-load``) measures them, not a Python S3 server beside them."""
     harness = _harness()
-    os.environ.update(_MOTO_ENV)  # weed mini's admin identity is testing/testing, as moto's
-    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        os.environ.pop(name, None)
+    _use_test_credentials()  # weed mini's admin identity is testing/testing, as moto's
     weed = harness.SeaweedServer().start()
     try:
         bucket = weed.create_bucket(_MOTO_BUCKET)
@@ -437,19 +420,30 @@ def start_seaweedfs_backend(run_id: str) -> Backend:
         redis_server.close()
         weed.close()
 
+    return _on_local_servers("seaweedfs", run_id, objects_url, redis_server, versions, stop,
+                             f"SeaweedFS {versions['seaweedfs']} (weed mini)", weed.pid)
+
+
+def _use_test_credentials() -> None:
+    """The local S3 servers' identity (testing/testing), and nothing of the environment's."""
+    os.environ.update(_MOTO_ENV)
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        os.environ.pop(name, None)
+
+
+def _on_local_servers(kind: str, run_id: str, objects_url: str, redis_server: Any, versions: dict[str, str],
+                      stop: Any, s3_description: str, s3_pid: int) -> Backend:
+    """A run on an S3 server and a redis-server this run started."""
     backend = Backend(
-        kind="seaweedfs",
+        kind=kind,
         objects_url=objects_url,
         redis_url=redis_server.url,
         redis_rtt_url=redis_server.url,
         redis_prefix=f"bench-{run_id}",
         key_prefix=_key_prefix(objects_url),
-        description=(
-            f"SeaweedFS {versions['seaweedfs']} (weed mini) + redis-server {versions['redis-server']} "
-            "(no persistence), loopback"
-        ),
+        description=f"{s3_description} + redis-server {versions['redis-server']} (no persistence), loopback",
         versions=versions,
-        pids={"s3 (seaweedfs)": weed.pid, "redis-server": redis_server.pid},
+        pids={f"s3 ({kind})": s3_pid, "redis-server": redis_server.pid},
     )
     backend._cleanup.append(stop)
     return backend

@@ -29,6 +29,8 @@ from urllib.parse import urlparse
 
 import httpx
 
+from harness.serve_process import stop
+
 __all__ = ["HaproxyBalancer", "find_haproxy"]
 
 
@@ -140,12 +142,7 @@ frontend stats
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+            stop(self._proc)
             self._proc = None
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
