@@ -9,7 +9,6 @@ fail: ``.ci/run`` installs it.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from harness.haproxy import HaproxyBalancer, find_haproxy
+from harness.haproxy import HaproxyBalancer, require_haproxy
 from harness.serve_process import ServeProcess, serve
 
 ROOT = "/v1/stream/"
@@ -25,11 +24,7 @@ ROOT = "/v1/stream/"
 
 @pytest.fixture
 def balanced(s3_url: str, redis_url: str, redis_prefix: str, tmp_path: Path) -> Iterator[tuple[HaproxyBalancer, list[ServeProcess]]]:
-    if find_haproxy() is None:
-        why = "no haproxy binary (apt-get install haproxy)"
-        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
-            pytest.fail(f"CI: {why}", pytrace=False)
-        pytest.skip(why)
+    require_haproxy()
     args = ["--objects", s3_url, "--redis", redis_url, "--redis-prefix", redis_prefix]
     with serve(args, tmp_path / "a.log", cwd=tmp_path) as a, serve(args, tmp_path / "b.log", cwd=tmp_path) as b:
         with HaproxyBalancer([a.url, b.url]) as lb:

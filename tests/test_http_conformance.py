@@ -3,7 +3,7 @@
 The suite (``@durable-streams/server-conformance-tests``, pinned in tests/ds-node/, installed by
 ``.ci/run``) runs under vitest against real ``sessionstore serve`` processes:
 
-* two processes on one S3 prefix and one Redis, behind a round-robin balancer that spreads the
+* two processes on one S3 prefix and one Redis, behind HAProxy (round robin, request by request: ``harness.haproxy``) that spreads the
   suite's requests over both (every S3 backend: ``[moto]``, ``[seaweedfs]``, ``[external]``);
 * one process on the embedded default (a local directory and its embedded redis-server).
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from conftest import _in_ci
-from harness.balancer import BalancerProcess
+from harness.haproxy import HaproxyBalancer, require_haproxy
 from harness.serve_process import ServeProcess, cli, serve, server_env
 
 DS_NODE = Path(__file__).resolve().parent / "ds-node"
@@ -189,10 +189,11 @@ def test_conformance_two_servers_on_s3_and_redis_behind_a_balancer(
     """Two processes sharing S3 and Redis, every other request to the other one: a stream
     created through one is read, appended to, long-polled and tailed by SSE through both."""
     _require_suite()
+    require_haproxy()
     store_args = ["--objects", s3_url, "--redis", redis_url, "--redis-prefix", redis_prefix]
     with ExitStack() as stack:
         servers = [stack.enter_context(serve(store_args, tmp_path / f"serve-{i}.log", cwd=tmp_path)) for i in range(2)]
-        balancer = stack.enter_context(BalancerProcess([s.url for s in servers]))
+        balancer = stack.enter_context(HaproxyBalancer([s.url for s in servers]))
         run = run_suite(balancer.url, tmp_path)
         counts, errors = balancer.stats()
     total = sum(counts)

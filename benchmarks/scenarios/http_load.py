@@ -6,8 +6,8 @@ responsiveness (``/healthz``), its append latency and its memory are reported.
 The stack, on this run's S3 and Redis:
 
 - two ``sessionstore serve`` processes (``tests/harness/serve_process.py``: the command as an
-  operator runs it) behind a round-robin balancer in a process of its own
-  (``tests/harness/balancer.py``, the one the protocol's conformance test runs behind);
+  operator runs it) behind HAProxy (``tests/harness/haproxy.py``: round robin, request by
+  request; the one the protocol's conformance test runs behind);
 - client processes, one per role (``benchmarks/scenarios/http_load_clients.py``: asyncio and
   ``httpx.AsyncClient``), all through the balancer:
 
@@ -95,11 +95,13 @@ def run(ctx: Context) -> None:
     b, R, p = ctx.backend, ctx.results, ctx.params
     if not b.redis_url:
         raise RuntimeError("the HTTP load scenario needs S3 and a Redis server shared by two processes: the "
-                           "moto default or --objects URL --redis URL, not --embedded")
+                           "moto default, --seaweedfs, or --objects URL --redis URL, not --embedded")
     harness = _harness()  # noqa: F841 (puts tests/ on the path for the harness modules)
-    from harness.balancer import BalancerProcess
     from harness.haproxy import HaproxyBalancer, find_haproxy
     from harness.serve_process import serve
+    if find_haproxy() is None:
+        raise RuntimeError("the HTTP load scenario runs its two services behind HAProxy: apt-get install haproxy "
+                           "(or set SESSIONSTORE_HAPROXY)")
 
     import httpx
 
@@ -111,11 +113,8 @@ def run(ctx: Context) -> None:
     with tempfile.TemporaryDirectory(prefix="sessionstore-load-") as tmp, ExitStack() as stack:
         servers = [stack.enter_context(serve(store_args, Path(tmp) / f"serve-{i}.log", cwd=Path(tmp), env=SERVE_ENV))
                    for i in range(2)]
-        # HAProxy where it is installed (what an operator puts there; .ci/run installs it),
-        # else the harness's Python balancer, which costs the machine far more CPU a request.
-        upstreams = [s.url for s in servers]
-        balancer = stack.enter_context(HaproxyBalancer(upstreams) if find_haproxy() else BalancerProcess(upstreams))
-        details["balancer"] = "haproxy" if isinstance(balancer, HaproxyBalancer) else "harness.balancer (Python)"
+        balancer = stack.enter_context(HaproxyBalancer([s.url for s in servers]))
+        details["balancer"] = "haproxy"
         serve_pids = {f"serve-{i}": s.process.pid for i, s in enumerate(servers)}
         rss_boot = {name: _rss(pid) for name, pid in serve_pids.items()}
         ctx.log(f"http load: 2 serve processes ({', '.join(str(x) for x in serve_pids.values())}) "

@@ -1,16 +1,18 @@
 """HAProxy (Debian's ``haproxy``) as the round-robin balancer in front of ``sessionstore serve``
-processes: what an operator puts there (docs/operations.md), a C process whose forwarding
-costs a fraction of the harness's Python balancer (``harness.balancer``).
+processes: what an operator puts there (docs/operations.md), for the two-server conformance
+run and the load benchmark.
 
     with HaproxyBalancer(["http://127.0.0.1:8001", "http://127.0.0.1:8002"]) as lb:
         httpx.get(f"{lb.url}/healthz")
         lb.stats()      # ([requests sent to upstream 0, to upstream 1], [errors])
 
 HTTP mode, ``balance roundrobin``: each request (not each connection: HAProxy balances every
-request of a kept-alive client connection) goes to the next upstream in turn, as with the
-harness's balancer. Responses are forwarded as they arrive (SSE, long-poll) and idle timeouts
-are long enough for a live reader. ``find_haproxy()`` is ``$SESSIONSTORE_HAPROXY`` or
-``haproxy`` on PATH (``/usr/sbin`` included: Debian installs it there); ``.ci/run`` installs it.
+request of a kept-alive client connection) goes to the next upstream in turn; method, path,
+headers (``Host`` included) and bodies go through as they are. Responses are forwarded as
+they arrive (SSE, long-poll) and idle timeouts are long enough for a live reader.
+``find_haproxy()`` is ``$SESSIONSTORE_HAPROXY`` or ``haproxy`` on PATH (``/usr/sbin``
+included: Debian installs it there); ``.ci/run`` installs it. ``require_haproxy()`` in a
+test: skipped without it, failed under ``CI``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import httpx
 
 from harness.serve_process import stop
 
-__all__ = ["HaproxyBalancer", "find_haproxy"]
+__all__ = ["HaproxyBalancer", "find_haproxy", "require_haproxy"]
 
 
 def find_haproxy() -> str | None:
@@ -40,6 +42,18 @@ def find_haproxy() -> str | None:
     if given:
         return given
     return shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+
+
+def require_haproxy() -> None:
+    """In a test: skip without haproxy, or fail under ``CI`` (set, not false or 0)."""
+    import pytest
+
+    if find_haproxy() is not None:
+        return
+    why = "no haproxy binary (apt-get install haproxy, or set SESSIONSTORE_HAPROXY)"
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        pytest.fail(f"CI: {why}", pytrace=False)
+    pytest.skip(why)
 
 
 def _free_port() -> int:
