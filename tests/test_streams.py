@@ -289,3 +289,41 @@ def test_a_read_holds_whole_appends_within_its_budget_and_goes_window_by_window(
     got = s.read("long", START)
     assert [m for b in got.batches for m in b.messages] == [str(i).encode() for i in range(READ_WINDOW * 2 + 5)]
     assert got.up_to_date
+
+
+def test_a_binary_streams_messages_are_decoded_once_a_segment_and_read_exact(
+    make_store: Callable[..., SessionStore],
+) -> None:
+    """A binary stream's messages are stored as base64: a process decodes a segment's once
+    and every later read of it (a catch-up from anywhere, a fork's read of its source) gets
+    the same decoded messages, byte-exact, never a neighbour's."""
+    s = Streams(make_store())
+    s.create("bin", content_type="application/octet-stream")
+    blobs = [bytes([i]) * (1000 + i) for i in range(5)]
+    for blob in blobs:
+        s.append("bin", [blob, blob[:7]], content_type="application/octet-stream")
+    first = [m for b in s.read("bin", START).batches for m in b.messages]
+    assert first == [m for blob in blobs for m in (blob, blob[:7])]
+    again = [m for b in s.read("bin", START).batches for m in b.messages]
+    assert again == first and all(a is b for a, b in zip(again, first))  # decoded once
+    mid = s.read("bin", START, max_bytes=2100)  # two appends, then from where it ended
+    rest = [m for b in s.read("bin", mid.next_offset).batches for m in b.messages]
+    assert [m for b in mid.batches for m in b.messages] + rest == first
+
+
+def test_decoded_messages_are_bounded_by_bytes_least_recently_used_first() -> None:
+    import base64
+
+    from store.streams.reads import DecodedMessages
+
+    cache = DecodedMessages(max_bytes=250)
+    enc = lambda b: [base64.b64encode(b).decode()]  # noqa: E731
+    one = cache.of("s", "i", 1, enc(b"a" * 100))
+    two = cache.of("s", "i", 2, enc(b"b" * 100))
+    assert cache.of("s", "i", 1, enc(b"a" * 100)) is one  # kept, now the most recent
+    cache.of("s", "i", 3, enc(b"c" * 100))  # 300 bytes: the least recent (2) goes
+    assert cache.of("s", "i", 1, enc(b"a" * 100)) is one
+    assert cache.of("s", "i", 2, enc(b"b" * 100)) is not two and cache.of("s", "i", 2, []) == two
+    assert cache.of("s", "other", 1, enc(b"z")) == [b"z"]  # another incarnation: its own
+    big = cache.of("s", "i", 9, enc(b"x" * 400))  # larger than the bound: decoded, not kept
+    assert big == [b"x" * 400] and cache.of("s", "i", 9, []) == []

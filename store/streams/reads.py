@@ -10,6 +10,9 @@ at least one batch); the caller continues from ``next_offset``.
 from __future__ import annotations
 
 import base64
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from store.errors import InvalidOffsetError, StreamGoneError, StreamNotFoundError
@@ -23,6 +26,42 @@ from store.streams.model import Batch, Offset, ReadResult, StreamConfig, StreamS
 DEFAULT_MAX_BYTES = 4 << 20
 #: Segments a read fetches in one parallel round: a long read goes window by window.
 READ_WINDOW = 32
+#: Bytes of binary messages a process keeps decoded (``DecodedMessages``).
+DECODED_BYTES = 64 << 20
+
+
+class DecodedMessages:
+    """The messages of a binary stream's segments, decoded from the base64 they are stored
+    in, kept by segment: a segment never changes within an incarnation (``SegmentCache``), so
+    neither do its messages, and every catch-up read of a binary stream would otherwise
+    decode them again (a tenth of a second of CPU for 12 MiB here). Least recently used
+    segments go first past ``max_bytes``. Thread-safe (two readers may decode one segment
+    at once; either result is the same)."""
+
+    def __init__(self, max_bytes: int = DECODED_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[str, str, int], list[bytes]] = OrderedDict()
+        self._bytes = 0
+
+    def of(self, sid: str, inc: str, seq: int, encoded: Sequence[str]) -> list[bytes]:
+        key = (sid, inc, seq)
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+                return kept
+        decoded = [base64.b64decode(m) for m in encoded]
+        size = sum(len(m) for m in decoded)
+        if size <= self.max_bytes:
+            with self._lock:
+                if key not in self._kept:
+                    self._kept[key] = decoded
+                    self._bytes += size
+                while self._bytes > self.max_bytes:
+                    _, old = self._kept.popitem(last=False)
+                    self._bytes -= sum(len(m) for m in old)
+        return decoded
 
 
 class StreamReads:
@@ -32,6 +71,7 @@ class StreamReads:
         self.reader = reader
         self.headers = headers
         self.segments = segments
+        self.decoded = DecodedMessages()
 
     def read_state(self, st: StreamState, offset: Offset | None, *, max_bytes: int = DEFAULT_MAX_BYTES) -> ReadResult:
         """The appends of ``st``'s stream after ``offset`` (``None``: the tail): whole
@@ -92,11 +132,9 @@ class StreamReads:
             for seq, record in fresh:
                 vseq = base + seq
                 msgs = record.get("msgs") or ()
-                taken = [
-                    (m if cfg.json else base64.b64decode(m))
-                    for i, m in enumerate(msgs)
-                    if start <= Offset(vseq, i) < end
-                ]
+                if not cfg.json and msgs:  # one record a segment: stream appends are alone
+                    msgs = self.decoded.of(header.session_id, header.incarnation, seq, msgs)
+                taken = [m for i, m in enumerate(msgs) if start <= Offset(vseq, i) < end]
                 if not taken:
                     continue
                 size = sum(message_size(m) for m in taken)
@@ -155,4 +193,4 @@ class StreamReads:
         return StreamState(header=header, config=config_of(header, header.config.get("path", "")))
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "StreamReads"]
+__all__ = ["DEFAULT_MAX_BYTES", "DecodedMessages", "StreamReads"]

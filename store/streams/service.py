@@ -515,8 +515,6 @@ class Streams:
 
     # --- read --------------------------------------------------------------------------------
 
-    # --- read --------------------------------------------------------------------------------
-
     def read(
         self, path: str, offset: Offset | None, *, max_bytes: int = DEFAULT_MAX_BYTES, touch: bool = True
     ) -> ReadResult:
