@@ -97,3 +97,27 @@ def test_without_a_configured_provider_nothing_is_recorded_and_the_store_works(t
     proc = subprocess.run([sys.executable, "-c", script, (tmp_path / "store").as_uri()], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def test_without_the_opentelemetry_package_the_store_works_and_traces_nothing(tmp_path: Path) -> None:
+    """The API made unimportable (as when the package is not installed): the store never
+    imports it, and its spans are no-ops."""
+    script = textwrap.dedent('''
+        import sys
+        sys.modules["opentelemetry"] = None  # any import of it now fails, as if not installed
+        from store import SessionStore
+        from store.tracing import span
+
+        store = SessionStore.from_url(sys.argv[1], compact=False)
+        store.create_session("plain")
+        store.append_session_entries("plain", [{"type": "message", "id": "a", "parentId": None,
+            "timestamp": "2026-11-29T00:00:00.000Z", "message": {"role": "user", "content": "x"}}])
+        assert len(store.load_session_entries("plain")) == 1
+        with span("append", "plain") as s:
+            assert not hasattr(s, "is_recording")
+        store.close()
+        print("ok")
+    ''')
+    proc = subprocess.run([sys.executable, "-c", script, (tmp_path / "store").as_uri()], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
