@@ -309,6 +309,9 @@ def test_a_binary_streams_messages_are_decoded_once_a_segment_and_read_exact(
     mid = s.read("bin", START, max_bytes=2100)  # two appends, then from where it ended
     rest = [m for b in s.read("bin", mid.next_offset).batches for m in b.messages]
     assert [m for b in mid.batches for m in b.messages] + rest == first
+    assert s.states.decoded.kept_bytes == sum(len(m) for m in first)
+    s.delete("bin")  # once deleted, this process keeps none of its messages
+    assert s.states.decoded.kept_bytes == 0
 
 
 def test_decoded_messages_are_bounded_by_bytes_least_recently_used_first() -> None:
@@ -327,3 +330,5 @@ def test_decoded_messages_are_bounded_by_bytes_least_recently_used_first() -> No
     assert cache.of("s", "other", 1, enc(b"z")) == [b"z"]  # another incarnation: its own
     big = cache.of("s", "i", 9, enc(b"x" * 400))  # larger than the bound: decoded, not kept
     assert big == [b"x" * 400] and cache.of("s", "i", 9, []) == []
+    cache.drop("s")  # a deleted stream: nothing of it is kept
+    assert cache.of("s", "i", 1, []) == [] and cache.of("s", "other", 1, []) == []

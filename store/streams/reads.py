@@ -63,15 +63,26 @@ class DecodedMessages:
                     self._bytes -= sum(len(m) for m in old)
         return decoded
 
+    @property
+    def kept_bytes(self) -> int:
+        return self._bytes
+
+    def drop(self, sid: str) -> None:
+        """Forget every segment of ``sid`` (a deleted stream's data is not kept)."""
+        with self._lock:
+            for key in [k for k in self._kept if k[0] == sid]:
+                self._bytes -= sum(len(m) for m in self._kept.pop(key))
+
 
 class StreamReads:
     """Reads of streams whose state is known. Thread-safe."""
 
-    def __init__(self, reader: Reader, headers: HeaderStore, segments: SegmentCache) -> None:
+    def __init__(self, reader: Reader, headers: HeaderStore, segments: SegmentCache,
+                 decoded: DecodedMessages) -> None:
         self.reader = reader
         self.headers = headers
         self.segments = segments
-        self.decoded = DecodedMessages()
+        self.decoded = decoded
 
     def read_state(self, st: StreamState, offset: Offset | None, *, max_bytes: int = DEFAULT_MAX_BYTES) -> ReadResult:
         """The appends of ``st``'s stream after ``offset`` (``None``: the tail): whole

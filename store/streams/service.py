@@ -81,7 +81,7 @@ class Streams:
         self.states = StreamStates(ctx, reader, store, cache_size=cache_size, cache_bytes=cache_bytes)
         self.forks = ForkRegistry(ctx.layout, ctx.objects, ctx.options.retry, ctx.headers)
         self.collector = StreamCollector(ctx, store, self.states, self.forks)
-        self.reads = StreamReads(reader, ctx.headers, self.states.segments)
+        self.reads = StreamReads(reader, ctx.headers, self.states.segments, self.states.decoded)
 
     # --- create ------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from store.errors import (
 )
 from store.formats.records import Header
 from store.protocol.segment_cache import SegmentCache, estimated_size
+from store.streams.reads import DecodedMessages
 from store.streams.model import PI_KIND, STREAM_KIND, StreamState, config_of, copy_state
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class StreamStates:
         self.ctx = ctx
         self.reader = reader
         self.segments = SegmentCache(cache_bytes)
+        self.decoded = DecodedMessages()
         self._lock = threading.Lock()
         self._states: OrderedDict[str, StreamState] = OrderedDict()
         self._cache_size = cache_size
@@ -168,6 +170,7 @@ class StreamStates:
         with self._lock:
             self._states.pop(sid, None)
         self.segments.drop(sid)
+        self.decoded.drop(sid)
 
     def sid_lock(self, sid: str) -> threading.Lock:
         """One lock a stream: this process's appends to it check and commit one at a time."""
