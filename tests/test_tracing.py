@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 SCRIPT = textwrap.dedent('''
@@ -77,47 +79,34 @@ def test_an_append_a_read_and_a_compaction_are_spans_of_their_session(tmp_path: 
     assert "SECRET-CONTENT" not in proc.stdout
 
 
-def test_without_a_configured_provider_nothing_is_recorded_and_the_store_works(tmp_path: Path) -> None:
-    script = textwrap.dedent('''
-        import sys
-        from opentelemetry import trace
-        from store import SessionStore
-        from store.tracing import span
+QUIET = textwrap.dedent('''
+    import sys
+    PREAMBLE
+    from store import SessionStore
+    from store.tracing import span
 
-        store = SessionStore.from_url(sys.argv[1], compact=False)
-        store.create_session("quiet")
-        store.append_session_entries("quiet", [{"type": "message", "id": "a", "parentId": None,
-            "timestamp": "2026-11-29T00:00:00.000Z", "message": {"role": "user", "content": "x"}}])
-        assert len(store.load_session_entries("quiet")) == 1
-        with span("append", "quiet") as s:
-            assert not s.is_recording()
-        store.close()
-        print("ok")
-    ''')
-    proc = subprocess.run([sys.executable, "-c", script, (tmp_path / "store").as_uri()], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    store = SessionStore.from_url(sys.argv[1], compact=False)
+    store.create_session("quiet")
+    store.append_session_entries("quiet", [{"type": "message", "id": "a", "parentId": None,
+        "timestamp": "2026-11-29T00:00:00.000Z", "message": {"role": "user", "content": "x"}}])
+    assert len(store.load_session_entries("quiet")) == 1
+    with span("append", "quiet") as s:
+        assert CHECK
+    store.close()
+    print("ok")
+''')
 
 
-def test_without_the_opentelemetry_package_the_store_works_and_traces_nothing(tmp_path: Path) -> None:
-    """The API made unimportable (as when the package is not installed): the store never
-    imports it, and its spans are no-ops."""
-    script = textwrap.dedent('''
-        import sys
-        sys.modules["opentelemetry"] = None  # any import of it now fails, as if not installed
-        from store import SessionStore
-        from store.tracing import span
-
-        store = SessionStore.from_url(sys.argv[1], compact=False)
-        store.create_session("plain")
-        store.append_session_entries("plain", [{"type": "message", "id": "a", "parentId": None,
-            "timestamp": "2026-11-29T00:00:00.000Z", "message": {"role": "user", "content": "x"}}])
-        assert len(store.load_session_entries("plain")) == 1
-        with span("append", "plain") as s:
-            assert not hasattr(s, "is_recording")
-        store.close()
-        print("ok")
-    ''')
+@pytest.mark.parametrize("preamble, check", [
+    # the API in the process, no provider configured: its spans record nothing
+    ("from opentelemetry import trace", "not s.is_recording()"),
+    # the package unimportable, as when not installed: the store never imports it
+    ('sys.modules["opentelemetry"] = None', 'not hasattr(s, "is_recording")'),
+], ids=["no-provider", "no-package"])
+def test_without_a_provider_or_the_package_the_store_works_and_records_nothing(
+    preamble: str, check: str, tmp_path: Path,
+) -> None:
+    script = QUIET.replace("PREAMBLE", preamble).replace("CHECK", check)
     proc = subprocess.run([sys.executable, "-c", script, (tmp_path / "store").as_uri()], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
