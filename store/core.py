@@ -356,7 +356,7 @@ class SessionStore:
             started = time.perf_counter()
             data = self.reader.read_session(sid)
             self.metrics.read("session", time.perf_counter() - started)
-            traced.set_attribute("sessionstore.entries", len(data.all_entries))
+            traced.set_attribute("sessionstore.entries", len(data.inherited) + len(data.entries))
         refuse_if_trashed(data.header.session_id, data.last_entry_id)
         return data
 

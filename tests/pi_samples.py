@@ -95,3 +95,9 @@ def conversation_message(rng: random.Random, n: int) -> dict[str, Any]:
         "usage": {"input": n, "output": 5, "cost": {"input": 0.0003, "total": 0.00105}},
         "timestamp": 1740823200000 + n,
     }
+
+
+def message(eid: str, parent: str | None, text: str = "") -> dict[str, Any]:
+    """A pi v3 user message entry, ``eid`` under ``parent``, at a fixed time."""
+    return {"type": "message", "id": eid, "parentId": parent, "timestamp": "2026-11-22T10:00:00.000Z",
+            "message": {"role": "user", "content": text or f"content of {eid}"}}

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from harness.pausing import FakeClock, InThread, Pause
+from pi_samples import message as entry
 
 from compactor import Compactor, CompactorOptions
 from store import SessionStore
@@ -31,10 +32,6 @@ class Died(Exception):
     """Raised by a fault hook: the writer's process ends there."""
 
 
-def entry(eid: str, parent: str | None) -> dict[str, Any]:
-    return {"type": "message", "id": eid, "parentId": parent,
-            "timestamp": "2026-11-22T10:00:00.000Z",
-            "message": {"role": "user", "content": f"content of {eid}"}}
 
 
 def chain(store: SessionStore, sid: str, n: int, tag: str = "e", parent: str | None = None) -> list[str]:

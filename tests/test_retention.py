@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from harness.pausing import FakeClock, InThread, Pause
+from pi_samples import message as msg
 from test_store import snapshot
 
 from compactor.retention import RetentionOptions, RetentionRunner
@@ -33,9 +34,6 @@ HOUR = 60 * 60 * 1000
 GRACE = 2 * DAY_MS
 
 
-def msg(eid: str, parent: str | None, text: str = "") -> dict[str, Any]:
-    return {"type": "message", "id": eid, "parentId": parent, "timestamp": "2026-11-22T10:00:00.000Z",
-            "message": {"role": "user", "content": text or f"text of {eid}"}}
 
 
 def fill(store: SessionStore, sid: str, n: int = 3, **create: Any) -> list[str]:
