@@ -101,3 +101,15 @@ def message(eid: str, parent: str | None, text: str = "") -> dict[str, Any]:
     """A pi v3 user message entry, ``eid`` under ``parent``, at a fixed time."""
     return {"type": "message", "id": eid, "parentId": parent, "timestamp": "2026-11-22T10:00:00.000Z",
             "message": {"role": "user", "content": text or f"content of {eid}"}}
+
+
+def append_chain(store: Any, sid: str, n: int, tag: str = "e", parent: str | None = None) -> list[str]:
+    """``n`` appends of one message each to ``sid`` (ids ``tag`` + 0..n-1), each the child of
+    the one before (the first of ``parent``); their ids."""
+    ids = []
+    for i in range(n):
+        eid = f"{tag}{i}"
+        store.append_session_entries(sid, [message(eid, parent)])
+        ids.append(eid)
+        parent = eid
+    return ids

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from harness.pausing import FakeClock, InThread, Pause
+from pi_samples import append_chain as chain
 from pi_samples import message as entry
 
 from compactor import Compactor, CompactorOptions
@@ -32,17 +33,6 @@ class Died(Exception):
     """Raised by a fault hook: the writer's process ends there."""
 
 
-
-
-def chain(store: SessionStore, sid: str, n: int, tag: str = "e", parent: str | None = None) -> list[str]:
-    """``n`` segments of one entry each, each the child of the one before."""
-    ids = []
-    for i in range(n):
-        eid = f"{tag}{i}"
-        store.append_session_entries(sid, [entry(eid, parent)])
-        ids.append(eid)
-        parent = eid
-    return ids
 
 
 def ids_of(store: SessionStore, sid: str) -> list[str]:

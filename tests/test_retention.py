@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from harness.pausing import FakeClock, InThread, Pause
+from pi_samples import append_chain
 from pi_samples import message as msg
 from test_store import snapshot
 
@@ -38,14 +39,7 @@ GRACE = 2 * DAY_MS
 
 def fill(store: SessionStore, sid: str, n: int = 3, **create: Any) -> list[str]:
     store.create_session(sid, **create)
-    ids = []
-    parent = None
-    for i in range(n):
-        eid = f"{sid}-e{i}"
-        store.append_session_entries(sid, [msg(eid, parent)])
-        ids.append(eid)
-        parent = eid
-    return ids
+    return append_chain(store, sid, n, tag=f"{sid}-e")
 
 
 def runner(store: SessionStore, clock: FakeClock, policy: RetentionPolicy | None = None,
