@@ -256,6 +256,7 @@ def test_fork_of_a_compacted_session_reads_its_path(store: SessionStore) -> None
     assert [e["id"] for e in before] == ["e0-0", "e1-0", "e2-0", "e3-0", "c1"]
 
 
+@pytest.mark.every_backend
 def test_loading_a_compacted_10000_entry_session_costs_constant_gets(
     make_store: Callable[..., SessionStore],
 ) -> None:

@@ -47,6 +47,7 @@ def compacted(store: SessionStore, clock: FakeClock, sid: str, segments: int = 3
 IDLE = 50
 
 
+@pytest.mark.every_backend
 def test_only_due_sessions_cost_object_requests(store: SessionStore) -> None:
     clock = FakeClock()
     gc = scheduler(store, clock)
@@ -198,6 +199,7 @@ def test_one_sweeper_at_a_time_and_a_paused_one_is_replaced(store: SessionStore)
     assert a.sweep() is None and b.sweep() is None  # finished: not due for a period
 
 
+@pytest.mark.every_backend
 def test_the_job_loop_runs_no_gc(store: SessionStore, make_store: Callable[..., SessionStore]) -> None:
     """A worker's job loop does the same work per job with GC on and off: GC runs in threads
     of its own (here: with 40 sessions due and a sweep due meanwhile)."""

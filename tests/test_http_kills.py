@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from harness.serve_kills import Nemesis, ServeSlot, Workload, judge, started
+from harness.serve_kills import Nemesis, ServeSlot, Workload, judge, started, wait_for_progress
 
 from store import SessionStore
 
@@ -53,7 +53,7 @@ def test_processes_killed_at_random_and_at_each_append_point_lose_nothing_and_ne
                           log=events.append)
         try:
             nemesis.run(until=time.monotonic() + 5)
-            time.sleep(PROGRESS_WITHIN_S + 1)  # quiet: judged for progress after the last fault
+            wait_for_progress(work, nemesis.last_end, PROGRESS_WITHIN_S + 1)  # judged below
         finally:
             work.stop()
         verdict = judge(work, nemesis, make_store(), progress_within_s=PROGRESS_WITHIN_S)

@@ -236,6 +236,7 @@ def test_a_store_recorded_before_keys_keeps_its_unkeyed_stream_ids(
 # --- listing and the sweep walk the shards ---------------------------------------------------
 
 
+@pytest.mark.every_backend
 def test_listing_walks_the_shards_in_order_exactly_once_one_list_a_page(store: SessionStore) -> None:
     sids = [uuid7() for _ in range(40)]
     for sid in sids:

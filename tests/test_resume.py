@@ -47,6 +47,7 @@ def counted_resume(reader: SessionStore, sid: str) -> tuple[list[str], dict[str,
     return ids, {k: reader.objects.requests[k] for k in ("get", "list", "head")}
 
 
+@pytest.mark.every_backend
 def test_an_uncompacted_tail_resumes_from_the_cache_in_one_round(
     make_store: Callable[..., SessionStore],
 ) -> None:
@@ -62,6 +63,7 @@ def test_an_uncompacted_tail_resumes_from_the_cache_in_one_round(
     assert got == ids and warm == {"get": 1, "list": 0, "head": 0}
 
 
+@pytest.mark.every_backend
 def test_a_cached_segment_that_does_not_match_its_digest_is_read_from_the_object_store(
     make_store: Callable[..., SessionStore],
 ) -> None:
@@ -82,6 +84,7 @@ def test_a_cached_segment_that_does_not_match_its_digest_is_read_from_the_object
     assert counts["get"] == 1 + 1 + 2  # header, probe, and the two refused cache values
 
 
+@pytest.mark.every_backend
 def test_the_cache_is_bounded_and_trimmed_by_compaction(
     make_store: Callable[..., SessionStore],
 ) -> None:
@@ -128,6 +131,7 @@ def test_a_delete_drops_the_cache_and_a_new_life_never_reads_the_old_one(
     assert [str(e["id"]) for e in make_store().load_session_entries("d")] == new_ids + ["e102"]
 
 
+@pytest.mark.every_backend
 @pytest.mark.parametrize("redis_state", ["flushed", "cache evicted"])
 def test_without_the_hints_a_resume_reads_the_object_store(
     make_store: Callable[..., SessionStore], redis_state: str
@@ -155,6 +159,7 @@ def test_without_the_hints_a_resume_reads_the_object_store(
         assert counts == {"get": 1 + 1 + 1 + 5 + 1, "list": 0, "head": 0}
 
 
+@pytest.mark.every_backend
 def test_recent_cache_off(make_store: Callable[..., SessionStore]) -> None:
     writer = make_store(recent_cache_bytes=0)
     writer.create_session("o")
@@ -164,6 +169,7 @@ def test_recent_cache_off(make_store: Callable[..., SessionStore]) -> None:
     assert got == ids and counts == {"get": 1 + 6 + 1, "list": 0, "head": 0}
 
 
+@pytest.mark.every_backend
 def test_beside_a_large_base_the_probe_waits_for_its_bytes_and_the_base_is_verified(
     make_store: Callable[..., SessionStore], s3_location: Any
 ) -> None:

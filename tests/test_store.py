@@ -424,6 +424,7 @@ def test_purge_removes_only_its_own_prefix(make_store: Callable[..., SessionStor
     assert mine.load_session_entries("p") == [entry("a", None)]
 
 
+@pytest.mark.every_backend
 @pytest.mark.empty_prefix
 def test_the_conditional_write_probe_runs_once_per_store_and_backend(
     s3_url: str, redis_url: str, redis_prefix: str

@@ -126,6 +126,7 @@ def test_runs_are_the_bases_of_one_stem_and_the_cut_is_geometric() -> None:
 # --- write amplification ---------------------------------------------------------------------
 
 
+@pytest.mark.every_backend
 @pytest.mark.long
 @pytest.mark.timeout(900)
 def test_a_10000_entry_session_appended_one_entry_at_a_time_is_written_about_log_n_times(
@@ -281,6 +282,7 @@ def test_a_redaction_of_an_entry_in_a_kept_base_rewrites_from_that_base_on(
     assert holders(store, "rk", b"CANARY") == []
 
 
+@pytest.mark.every_backend
 def test_a_redaction_of_the_oldest_entry_and_one_of_an_entry_still_to_come(
     make_store: Callable[..., SessionStore],
 ) -> None:

@@ -572,6 +572,20 @@ class Verdict:
     figures: dict[str, float]
 
 
+def progress(c: Client) -> list[float]:
+    """When a writer's appends were answered for good. The If-Match writer's progress is an
+    answer that decides (a 412 too): a writer without If-Match may outpace it for long."""
+    return c.decided if c.name == "if-match" else c.acks
+
+
+def wait_for_progress(work: Workload, since: float, within_s: float) -> None:
+    """Returns once every writer has progressed after ``since`` (the last fault's end), or
+    ``within_s`` after it: ``judge`` says which writer did not, and how long it took."""
+    deadline = since + within_s
+    while time.monotonic() < deadline and not all(any(t > since for t in progress(c)) for c in work.writers):
+        time.sleep(0.1)
+
+
 def judge(work: Workload, nemesis: Nemesis, store: Any, *, progress_within_s: float = 5.0) -> Verdict:
     """Acknowledged appends lost, duplicated or out of order; the follower against the stream;
     the session's history (tests/history.py); the Claude transcript; and, for each fault, how
@@ -623,11 +637,7 @@ def judge(work: Workload, nemesis: Nemesis, store: Any, *, progress_within_s: fl
             lost += len(set(work.claude_sent) - set(uuids))
     for c in work.writers + [work.follower]:
         problems += [f"{c.name}: {e}" for e in c.errors[:5]]
-    # Progress after the last fault, and recovery after each. The If-Match writer's progress is
-    # an answer that decides (a 412 too): a writer without If-Match may outpace it for long.
-    def progress(c: Client) -> list[float]:
-        return c.decided if c.name == "if-match" else c.acks
-
+    # Progress after the last fault, and recovery after each.
     end = nemesis.last_end
     for c in work.writers:
         after = [t for t in progress(c) if t > end]

@@ -114,7 +114,7 @@ def run(cfg: SoakConfig, *, progress: Callable[[str], None] | None = None) -> di
         os.environ.pop(name, None)
     rng = Random(cfg.seed)
     redis = Redis()
-    s3 = S3Endpoint(cfg.backend, workdir, rng)
+    s3 = S3Endpoint(cfg.backend, workdir)
     fleet: Fleet | None = None
     nemesis: Nemesis | None = None
     notes: dict[str, Any] = {}

@@ -19,10 +19,10 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +44,12 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def fixed_port(rng: random.Random) -> int:
-    """A free port below the ephemeral range, so that no outgoing connection takes it while
-    the proxy has it closed (an S3 outage) and it can be bound again afterwards."""
+def fixed_ports(rng: random.Random) -> Iterator[int]:
+    """Candidate ports below the ephemeral range, so that no outgoing connection takes one while
+    the proxy has it closed (an S3 outage) and it can be bound again afterwards. The caller
+    binds a candidate itself (a port checked free here could be taken before it is bound)."""
     for _ in range(500):
-        port = rng.randint(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
+        yield rng.randint(20000, 32000)
     raise RuntimeError("no free port in 20000-32000")
 
 
@@ -142,12 +137,15 @@ class SeaweedBackend:
 class S3Endpoint:
     """The S3 backend behind a proxy on a fixed port; the S3 faults."""
 
-    def __init__(self, backend: str, workdir: Path, rng: random.Random) -> None:
+    def __init__(self, backend: str, workdir: Path) -> None:
         self.backend_name = backend
         self.backend: MotoProcess | SeaweedBackend = (
             MotoProcess(workdir) if backend == "moto" else SeaweedBackend(workdir)
         )
-        self.listen_port = fixed_port(rng)
+        # Not the run's seeded generator: two soaks of one seed at once would try the same
+        # ports, and the seed's schedule would depend on which ports were free.
+        self.port_rng = random.Random()
+        self.listen_port = 0  # chosen when the proxy first binds it, then kept
         self.proxy: TcpProxy | None = None
         self.down = False
 
@@ -164,7 +162,15 @@ class S3Endpoint:
 
     def _start_proxy(self) -> None:
         upstream = urllib_port(self.backend.endpoint_url)  # the current one, after a restart too
-        for attempt in range(50):
+        if not self.listen_port:  # the first start: the first candidate port that binds
+            for port in fixed_ports(self.port_rng):
+                try:
+                    self.proxy = TcpProxy("127.0.0.1", upstream, listen_port=port, name="s3").start()
+                except OSError:
+                    continue
+                self.listen_port = port
+                return
+        for attempt in range(50):  # after an outage: the same port again, once it is released
             try:
                 self.proxy = TcpProxy("127.0.0.1", upstream, listen_port=self.listen_port, name="s3").start()
                 return
