@@ -41,6 +41,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import ast
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,7 +92,10 @@ def _resolve(imported: str) -> str | None:
     return imported or None
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
+    """Each module's imports among the project's modules (parsed when a test first asks: not
+    at collection, which every worker does)."""
     graph: dict[str, set[str]] = {}
     for name, path in MODULES.items():
         deps = {_resolve(i) for i in _imported_names(name, path)}
@@ -98,7 +103,6 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
-GRAPH = _graph()
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -149,7 +153,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_checker_sees_the_modules_and_their_imports() -> None:
     assert {"store.core", "store.protocol.append", "store.protocol.read", "coordination.redis", "compactor.gc"} <= set(MODULES)
-    assert "store.protocol.append" in GRAPH["store.core"]
+    assert "store.protocol.append" in _graph()["store.core"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -252,13 +256,13 @@ def test_every_module_has_a_layer() -> None:
 
 
 def test_imports_point_down_the_layers() -> None:
-    assert _layer_violations(GRAPH) == {}
+    assert _layer_violations(_graph()) == {}
 
 
 def test_the_store_never_imports_the_compactor() -> None:
     offenders = {
         name: sorted(d for d in deps if d.startswith("compactor"))
-        for name, deps in GRAPH.items()
+        for name, deps in _graph().items()
         if name.startswith("store") and not name.startswith(("store.cli", "store.demo"))
     }
     assert {k: v for k, v in offenders.items() if v} == {}
@@ -292,26 +296,26 @@ def test_the_core_never_imports_an_adapter_and_adapters_never_import_each_other(
             and not (d in ADAPTERS_SHARED and name.startswith("store.adapters."))
             and not (_adapter_of(d) is not None and _adapter_of(d) == _adapter_of(name))
         )
-        for name, deps in GRAPH.items()
+        for name, deps in _graph().items()
         if not name.startswith(("store.cli", "store.http"))
     }
     assert {k: v for k, v in offenders.items() if v} == {}
     for shared in ADAPTERS_SHARED:
-        assert not [d for d in GRAPH[shared] if d.startswith("store.adapters")], shared
+        assert not [d for d in _graph()[shared] if d.startswith("store.adapters")], shared
 
 
 def test_coordination_imports_only_the_store_errors_and_retry_policy() -> None:
     allowed = {"store", "store.errors", "store.retry"}
     offenders = {
         name: sorted(d for d in deps if not d.startswith("coordination") and d not in allowed)
-        for name, deps in GRAPH.items()
+        for name, deps in _graph().items()
         if name.startswith("coordination")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
 def test_no_import_circles() -> None:
-    assert _cycles(GRAPH) == []
+    assert _cycles(_graph()) == []
 
 
 def _private_imports(path: Path) -> Iterator[str]:
