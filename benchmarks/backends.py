@@ -3,7 +3,7 @@
 Three kinds of run:
 
 - ``moto`` (default): the servers the test suite uses, started the way ``tests/harness`` starts
-  them: moto's ``ThreadedMotoServer`` with the harness's write lock (``harness.S3Server``) and a
+  them: moto's S3 server with the harness's write lock (``harness.S3Server``) and a
   ``redis-server`` process without persistence (``harness.RedisServer``). The S3 server runs in
   a child process of its own, so that its Python work and the benchmark's client work do not
   share one GIL: a client that competed with its server for the interpreter would measure
@@ -395,7 +395,7 @@ def start_moto_backend(run_id: str) -> Backend:
 
     return _on_local_servers(
         "moto", run_id, objects_url, redis_server, versions, stop,
-        f"moto {versions.get('moto', '?')} ThreadedMotoServer (harness write lock, own process)", proc.pid)
+        f"moto {versions.get('moto', '?')} S3 server (harness write lock, own process)", proc.pid)
 
 
 def start_seaweedfs_backend(run_id: str) -> Backend:

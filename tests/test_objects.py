@@ -1,7 +1,7 @@
 """One contract for every ObjectStore; each backend's test class subclasses it.
 
-The S3 classes run against every S3 backend of the session over real HTTP (moto's
-ThreadedMotoServer and SeaweedFS, or MinIO / AWS when SESSIONSTORE_TEST_S3_URL is set).
+The S3 classes run against every S3 backend of the session over real HTTP
+(moto's S3 server and SeaweedFS, or MinIO / AWS when SESSIONSTORE_TEST_S3_URL is set).
 """
 
 from __future__ import annotations
