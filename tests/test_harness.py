@@ -358,6 +358,13 @@ def test_conditional_multipart_complete_race_has_exactly_one_winner(s3_server: S
 def test_s3_bulk_delete_and_reset() -> None:
     # a server of its own: reset wipes all of moto's (process-global) state
     with S3Server() as server:
+        # One endpoint serves each service a request is signed for: KMS beside S3.
+        import boto3
+
+        kms = boto3.client("kms", endpoint_url=server.endpoint_url, region_name=server.region,
+                           aws_access_key_id="testing", aws_secret_access_key="testing")
+        key_id = kms.create_key(Description="harness")["KeyMetadata"]["KeyId"]
+        assert kms.describe_key(KeyId=key_id)["KeyMetadata"]["KeyState"] == "Enabled"
         client = server.client()
         bucket = server.create_bucket()
         for i in range(3):
