@@ -265,7 +265,7 @@ def test_stalled_headers_and_bodies_are_cut_off_within_the_timeouts(
     tmp_path: Path, redis_url: str, redis_prefix: str
 ) -> None:
     with serve_process(tmp_path, redis_url, redis_prefix, "--header-timeout", "1",
-                       "--body-timeout", "1") as url:
+                       "--idle-timeout", "1", "--body-timeout", "1") as url:
         port = _port(url)
         silent = socket.create_connection(("127.0.0.1", port))
         partial = socket.create_connection(("127.0.0.1", port))
@@ -304,6 +304,48 @@ def test_stalled_headers_and_bodies_are_cut_off_within_the_timeouts(
             httpx.head(url + ROOT + "x").raise_for_status()
 
 
+def test_an_idle_keep_alive_connection_has_the_idle_timeout_and_a_started_request_the_header_timeout(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    """After an answer, a connection may stay silent for ``--idle-timeout`` (longer than a
+    client keeps it, so that the server never closes one a client is reusing); the first byte
+    of its next request starts that request's ``--header-timeout``, which dripping does not
+    extend."""
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with serve_process(tmp_path, redis_url, redis_prefix, "--header-timeout", "1",
+                       "--idle-timeout", "4") as url:
+        port = _port(url)
+        kept = socket.create_connection(("127.0.0.1", port))
+        kept.settimeout(5)
+        kept.sendall(request)
+        assert _response(kept).startswith(b"HTTP/1.1 200")
+        time.sleep(2.5)  # past the header timeout, within the idle one
+        kept.sendall(request)
+        assert _response(kept).startswith(b"HTTP/1.1 200")
+        answered = time.monotonic()
+        waited = _closed_within(kept, 8)
+        assert waited is not None, "an idle connection outlived --idle-timeout"
+        assert 3.5 < time.monotonic() - answered < 6
+        kept.close()
+
+        started = socket.create_connection(("127.0.0.1", port))
+        started.settimeout(5)
+        started.sendall(request)
+        assert _response(started).startswith(b"HTTP/1.1 200")
+        time.sleep(0.5)
+        started.sendall(b"GET /healthz HTTP/1.1\r\n")
+        first_byte = time.monotonic()
+        for _ in range(3):  # a header line every 0.3 s: still cut off 1 s after the first byte
+            time.sleep(0.3)
+            try:
+                started.sendall(b"X-Drip: 1\r\n")
+            except OSError:
+                break
+        assert _closed_within(started, 5) is not None
+        assert time.monotonic() - first_byte < 2.5
+        started.close()
+
+
 def _response(sock: socket.socket) -> bytes:
     """One whole response (head and ``content-length`` body) read from ``sock``: a response may
     arrive in several segments, and what one ``recv`` leaves is the next response's start."""
@@ -328,7 +370,7 @@ def test_by_default_a_connection_with_unfinished_headers_is_closed(
 ) -> None:
     """``sessionstore serve`` without options: the default header timeout (10 s) holds, and
     an idle keep-alive connection outlives the 5 s that clients keep theirs (the server
-    closing one first races a client's next request on it)."""
+    closing one first races a client's next request on it; the idle timeout is 60 s)."""
     with serve_process(tmp_path, redis_url, redis_prefix) as url:
         port = _port(url)
         sock = socket.create_connection(("127.0.0.1", port))

@@ -13,6 +13,7 @@ from store.errors import InvalidInputError
 #: The defaults of the server's guards (store/http/guard.py, store/http/server.py), here so
 #: that ``--help`` needs no import of the http extra.
 DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_IDLE_TIMEOUT_S = 60.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_MAX_CONNECTIONS = 1000
 #: Where serve listens by default, and where its browser viewer is (store/http/viewer.py).
@@ -51,8 +52,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="a Host name this service answers to besides localhost, 127.0.0.1 and [::1] "
                         "(repeatable; checked without tokens, and with tokens once one is given)")
     p.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="SECONDS",
-                   help="how long a connection may go without a complete request's headers "
-                        "(default %(default)s)")
+                   help="how long a new connection, or a request from its first byte, may take to "
+                        "complete its headers (default %(default)s)")
+    p.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
+                   help="how long a keep-alive connection may stay silent after an answer; longer "
+                        "than clients keep theirs (default %(default)s)")
     p.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S, metavar="SECONDS",
                    help="how long a request's body may stall before 408 (default %(default)s)")
     p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
@@ -73,7 +77,8 @@ def cmd_serve(args: argparse.Namespace, ctx: Ctx) -> int:
     from store.http.limits import TenantLimits
 
     host = args.host
-    for name, value in (("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout),
+    for name, value in (("--header-timeout", args.header_timeout), ("--idle-timeout", args.idle_timeout),
+                        ("--body-timeout", args.body_timeout),
                         ("--max-connections", args.max_connections), ("--max-body", args.max_body)):
         if not value > 0:
             raise InvalidInputError(f"{name} must be positive, not {value}")
@@ -107,7 +112,8 @@ def cmd_serve(args: argparse.Namespace, ctx: Ctx) -> int:
         allowed_hosts=args.allowed_host,
         body_timeout_s=args.body_timeout,
     )
-    limits = ServerLimits(header_timeout_s=args.header_timeout, max_connections=args.max_connections)
+    limits = ServerLimits(header_timeout_s=args.header_timeout, idle_timeout_s=args.idle_timeout,
+                          max_connections=args.max_connections)
     err(f"serving Durable Streams at http://{host}:{args.port}/v1/stream/ and the viewer at "
         f"http://{host}:{args.port}{VIEWER_PATH} (Ctrl-C to stop)")
     logging.basicConfig(level=logging.WARNING)
