@@ -69,6 +69,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (  # noqa: E402
     RedisServer,
+    RedisServerError,
     S3Server,
     SeaweedServer,
     SeaweedServerError,
@@ -594,12 +595,10 @@ def cluster_url() -> Iterator[str]:
         pytest.skip("external Redis configured: this test starts a cluster of its own")
     cli = _redis_cli()
     assert cli, "redis-cli not found next to redis-server"
-    nodes = [
-        RedisServer(port=_cluster_port(), config={"cluster-enabled": "yes", "cluster-node-timeout": "2000",
-                                                  "cluster-config-file": f"nodes-{i}.conf"}).start()
-        for i in range(3)
-    ]
+    nodes: list[RedisServer] = []
     try:
+        for i in range(3):
+            nodes.append(_cluster_node(i))
         subprocess.run(
             [cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
              "--cluster-replicas", "0", "--cluster-yes"],
@@ -618,6 +617,22 @@ def cluster_url() -> Iterator[str]:
     finally:
         for n in nodes:
             n.close()
+
+
+def _cluster_node(i: int) -> RedisServer:
+    """Cluster node ``i``, started on a free port pair: another process may take the port
+    between :func:`_cluster_port`'s check and redis-server's bind, so a node whose port was
+    taken meanwhile is started again on another."""
+    for attempt in range(5):
+        node = RedisServer(port=_cluster_port(), config={"cluster-enabled": "yes", "cluster-node-timeout": "2000",
+                                                          "cluster-config-file": f"nodes-{i}.conf"})
+        try:
+            return node.start()
+        except RedisServerError as exc:
+            node.close()
+            if "already in use" not in str(exc) or attempt == 4:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _cluster_port() -> int:
