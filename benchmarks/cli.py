@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="--only kills: how long processes are killed (default %(default)s)")
     ap.add_argument("--kills-quiet", type=float, default=60.0, metavar="SECONDS",
                     help="--only kills: then how long without faults (default %(default)s)")
+    ap.add_argument("--clients-nice", type=int, metavar="N",
+                    help="--only http-load: niceness of the load's client processes (default 10: the stack "
+                         "and the /healthz prober run first, as with clients on other machines; 0: same priority)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where results go (default benchmarks/results/)")
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
     ap.add_argument("--profile", action="store_true", help="also cProfile appends and resumes (results/profile-*.txt)")
@@ -169,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     params = Params.smoke() if args.smoke else Params.full() if args.full else Params()
     if args.writers:
         params.writers = args.writers
+    if args.clients_nice is not None:
+        if not 0 <= args.clients_nice <= 19:
+            print(f"--clients-nice must be 0 to 19, not {args.clients_nice}", file=sys.stderr)
+            return 2
+        params.http_load_clients_nice = args.clients_nice
     only = set(SCENARIOS if not args.only else [s.strip() for s in args.only.split(",") if s.strip()])
     unknown = only - set(SCENARIOS) - set(OPTIONAL_SCENARIOS)
     if unknown:

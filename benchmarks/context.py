@@ -82,6 +82,11 @@ class Params:
     http_load_probe_interval_s: float = 0.05
     http_load_drain_s: float = 60.0
     http_load_settle_s: float = 5.0
+    #: The niceness the load's client processes run at (writers, followers, readers; not the
+    #: prober): on one machine they compete with the stack for its cores, which clients on
+    #: other machines would not; 10 lets the stack (and the prober) run first. 0: the same
+    #: priority as the stack.
+    http_load_clients_nice: int = 10
     #: Listing: sessions, and timed reps of the first page and of every page.
     listing_sessions: int = 2_000
     listing_first_reps: int = 7

@@ -242,6 +242,10 @@ def _check_http_load(data: dict[str, Any]) -> None:
     assert figures["http.load.reader.bad_reads"] == 0
     assert figures["http.load.healthz.probes"] >= 1 and figures["http.load.healthz.failures"] == 0
     assert figures["http.load.client_errors"] == 0 and figures["http.load.balancer_errors"] == 0
+    # The load's clients ran at the scenario's niceness, the prober at the stack's.
+    nice = data["details"]["http_load"]["clients_nice"]
+    assert nice.pop("prober") == 0, nice
+    assert set(nice.values()) == {params["http_load_clients_nice"]} and params["http_load_clients_nice"] > 0, nice
     targets = {t["name"]: t for t in data["targets"] if t["name"].startswith("http load")}
     assert targets["http load: /healthz p99 through the balancer"]["value"] is not None, targets
 

@@ -27,6 +27,7 @@ import asyncio
 import hashlib
 import json
 import math
+import os
 import random
 import sys
 import threading
@@ -383,6 +384,7 @@ def main(argv: list[str]) -> None:
     if name in ("sse", "long-poll"):
         spec["mode"] = name
     result = asyncio.run(_main(name, spec))
+    result["nice"] = os.nice(0)  # the niceness this client ran at (the scenario reports it)
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
 
