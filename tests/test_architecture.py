@@ -41,9 +41,8 @@
 
 from __future__ import annotations
 
-import functools
-
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,8 +100,6 @@ def _graph() -> dict[str, set[str]]:
         deps = {_resolve(i) for i in _imported_names(name, path)}
         graph[name] = {d for d in deps if d is not None and d != name}
     return graph
-
-
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

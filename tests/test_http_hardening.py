@@ -365,6 +365,18 @@ def _response(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+def test_the_serve_commands_help_gives_the_servers_own_defaults() -> None:
+    """``sessionstore serve --help`` gives its guards' defaults without importing the http
+    extra, so the CLI keeps a copy of them: the copy is the servers' own."""
+    from store.cli import serve as serve_cli
+    from store.http import guard, server
+
+    assert serve_cli.DEFAULT_HEADER_TIMEOUT_S == server.DEFAULT_HEADER_TIMEOUT_S
+    assert serve_cli.DEFAULT_IDLE_TIMEOUT_S == server.DEFAULT_IDLE_TIMEOUT_S
+    assert serve_cli.DEFAULT_MAX_CONNECTIONS == server.DEFAULT_MAX_CONNECTIONS
+    assert serve_cli.DEFAULT_BODY_TIMEOUT_S == guard.DEFAULT_BODY_TIMEOUT_S
+
+
 def test_by_default_a_connection_with_unfinished_headers_is_closed(
     tmp_path: Path, redis_url: str, redis_prefix: str
 ) -> None:

@@ -188,7 +188,7 @@ def run(ctx: Context) -> None:
             held = {name: _read_all(http, ROOT + name) for name in names}
     details.update(_judge(ctx, held, results, tails))
     details["counts_per_server"] = counts
-    details["clients_nice"] = {role: results[role].get("nice") for role in results}
+    details["clients_nice"] = {role: results[role]["nice"] for role in results}
     details["balancer_error_samples"] = balancer_errors[:10]
     details["load_s"] = load_s
     details["pids"] = pids
